@@ -1,0 +1,104 @@
+"""Torch twin of the whole MoE forward, and an independent fp32 per-token definition.
+
+`moe_forward_reference` runs the product's pipeline (route -> dispatch -> gather -> grouped GEMM1 ->
+grouped GEMM2 -> combine) with the torch twins of each stage. `moe_reference` computes the same function
+directly per token and slot, in fp32 (or fp64), from (topk_weights, topk_ids): it is what every backend is
+checked against.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from .grouped_gemm import Activation, apply_activation, grouped_gemm1_reference, grouped_gemm2_reference
+from .router import RoutingConfig
+from .router.reference import combine_reference, dispatch_reference, gather_reference, route_reference
+
+__all__ = ["RouterWeightOn", "moe_reference", "moe_forward_reference"]
+
+
+class RouterWeightOn(enum.Enum):
+    """Where the router weight multiplies: the expert output (usual) or the expert input (Llama4)."""
+
+    OUTPUT = "output"
+    INPUT = "input"
+
+
+def moe_reference(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: Activation = Activation.SWIGLU,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    router_weight_on: RouterWeightOn = RouterWeightOn.OUTPUT,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """out[t] = sum_j w[t,j] * expert_{ids[t,j]}(hidden[t]) in `dtype` (fp32 default), per expert batched.
+
+    Slots whose expert maps to -1 through expert_map (or id -1) contribute zero.
+    """
+    num_tokens, top_k = topk_ids.shape
+    intermediate = w13.shape[1] // 2
+    x = hidden.to(dtype)
+    out = torch.zeros(num_tokens, w2.shape[1], dtype=dtype, device=hidden.device)
+    ids = topk_ids.long()
+    if expert_map is not None:
+        ids = torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], torch.full_like(ids, -1))
+    weights = topk_weights.to(dtype)
+    for j in range(top_k):  # fixed slot order
+        contrib = torch.zeros_like(out)
+        for e in torch.unique(ids[:, j]).tolist():
+            if e < 0:
+                continue
+            rows = (ids[:, j] == e).nonzero().squeeze(1)
+            xe = x[rows]
+            if router_weight_on is RouterWeightOn.INPUT:
+                xe = xe * weights[rows, j].unsqueeze(1)
+            h = xe @ w13[e].to(dtype).t()
+            if b13 is not None:
+                h = h + b13[e].to(dtype)
+            act = apply_activation(h[:, :intermediate], h[:, intermediate:], activation).to(dtype)
+            y = act @ w2[e].to(dtype).t()
+            if b2 is not None:
+                y = y + b2[e].to(dtype)
+            if router_weight_on is RouterWeightOn.OUTPUT:
+                y = y * weights[rows, j].unsqueeze(1)
+            contrib[rows] = y
+        out += contrib
+    return out
+
+
+def moe_forward_reference(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    router_logits: torch.Tensor | None,
+    routing: RoutingConfig,
+    *,
+    topk_weights: torch.Tensor | None = None,
+    topk_ids: torch.Tensor | None = None,
+    activation: Activation = Activation.SWIGLU,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    router_weight_on: RouterWeightOn = RouterWeightOn.OUTPUT,
+    align: int = 128,
+) -> torch.Tensor:
+    """The product's pipeline with torch twins at every stage; output in hidden.dtype."""
+    if topk_ids is None:
+        topk_weights, topk_ids = route_reference(router_logits, routing, e_score_correction_bias)
+    num_tokens, top_k = topk_ids.shape
+    num_local = w13.shape[0]
+    disp = dispatch_reference(topk_ids, num_local, align=align, expert_map=expert_map)
+    scale = topk_weights if router_weight_on is RouterWeightOn.INPUT else None
+    a1 = gather_reference(hidden, disp, top_k, scale=scale)
+    a2 = grouped_gemm1_reference(a1, w13, disp.row_offsets, disp.counts, activation, b13)
+    y = grouped_gemm2_reference(a2, w2, disp.row_offsets, disp.counts, None, b2)
+    weights = topk_weights if router_weight_on is RouterWeightOn.OUTPUT else None
+    return combine_reference(y, disp, weights, num_tokens, top_k, out_dtype=hidden.dtype)
