@@ -19,6 +19,11 @@ __all__ = [
     "ARCH_LIMITS",
     "input_bytes_per_stage",
     "max_stages",
+    "MBARRIER_BYTES",
+    "barrier_bytes",
+    "epilogue_smem_bytes",
+    "tmem_columns",
+    "tmem_allocation_columns",
 ]
 
 
@@ -78,3 +83,36 @@ def max_stages(per_stage_bytes: int, reserved_bytes: int, arch: Arch, barrier_by
     """Largest stage count whose buffers fit next to `reserved_bytes` (epilogue, scheduler, barriers)."""
     budget = ARCH_LIMITS[arch].smem_per_cta - reserved_bytes
     return max(0, budget // (per_stage_bytes + barrier_bytes_per_stage))
+
+
+# ---- appended by the planner (issue 6): accounting beyond the A/B stages; append-only below ----
+
+MBARRIER_BYTES = 8  # one mbarrier object in SMEM
+
+
+def barrier_bytes(stages: int, accumulator_slots: int = 0, extra_barriers: int = 0) -> int:
+    """SMEM bytes of mbarriers: a full/empty pair per input stage and per accumulator slot, plus extras
+    (scheduler, TMEM handshake)."""
+    return (2 * stages + 2 * accumulator_slots + extra_barriers) * MBARRIER_BYTES
+
+
+def epilogue_smem_bytes(rows_per_cta: int, epi_n: int, out_elem_bytes: int, buffers: int) -> int:
+    """SMEM staging the epilogue writes before a TMA store: `buffers` sub-tiles of rows_per_cta x epi_n."""
+    return rows_per_cta * epi_n * out_elem_bytes * buffers
+
+
+def tmem_columns(block_n: int, accumulator_slots: int) -> int:
+    """TMEM columns one CTA uses for fp32 accumulators on sm_100 (128 lanes x 32 bit per column).
+
+    Each CTA holds at most 128 rows of the tile (a PAIR's 256-row tile puts 128 in each CTA), so one
+    accumulator slot takes block_n columns whatever the work unit; slots are double-buffered accumulators.
+    """
+    return block_n * accumulator_slots
+
+
+def tmem_allocation_columns(columns: int) -> int:
+    """Columns tcgen05.alloc actually reserves: a power of two, at least 32."""
+    alloc = 32
+    while alloc < columns:
+        alloc *= 2
+    return alloc

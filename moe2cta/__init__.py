@@ -1,6 +1,36 @@
-"""moe2cta: a Mixture-of-Experts layer for serving (placeholder, API filled in below)."""
-from .grouped_gemm import Activation
-from .router import RoutingConfig, Scoring
-from .reference import RouterWeightOn, moe_reference, moe_forward_reference
+"""moe2cta: a Mixture-of-Experts layer for serving.
 
-__all__ = ["Activation", "RoutingConfig", "Scoring", "RouterWeightOn", "moe_reference", "moe_forward_reference"]
+Routing, device-side dispatch, grouped GEMMs (torch twins, Triton, CuTe DSL sm_90 / sm_100 with 2-CTA work
+units) and combine, behind one small API:
+
+    import moe2cta
+    out = moe2cta.fused_moe(hidden, w13, w2, router_logits, routing=moe2cta.RoutingConfig(top_k=8))
+    layer = moe2cta.MoELayer(w13, w2, routing=..., backend="auto")   # weights prepared once
+    ok, reason = moe2cta.is_supported("cute", hidden, w13, w2)
+
+Importing moe2cta needs neither a GPU nor the CuTe DSL: kernels are imported and built when first used.
+"""
+from .api import MoELayer, fused_moe, is_supported, route
+from .config import Backend, IdCheck, MoEConfig
+from .grouped_gemm import Activation
+from .reference import RouterWeightOn, moe_forward_reference, moe_reference
+from .router import RoutingConfig, Scoring
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Activation",
+    "Backend",
+    "IdCheck",
+    "MoEConfig",
+    "MoELayer",
+    "RouterWeightOn",
+    "RoutingConfig",
+    "Scoring",
+    "fused_moe",
+    "is_supported",
+    "moe_forward_reference",
+    "moe_reference",
+    "route",
+    "__version__",
+]

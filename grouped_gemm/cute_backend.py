@@ -1,0 +1,578 @@
+"""Hopper (sm_90a) persistent grouped GEMM over experts in CuTe DSL: the kernel and its compile glue.
+
+This module imports `cutlass` at the top: import it lazily (sm90_grouped_gemm.py does), never from a
+package __init__.
+
+Problem: for every expert e, rows [row_offsets[e], row_offsets[e+1]) of A [M, K] (K-major, padded expert
+order, row_offsets multiples of tile_m * cluster_m... see `can_implement`) times B[e] [N, K] (K-major),
+fp32 accumulation, fused epilogue, output C [M, N_out] in A's dtype. One launch covers all experts; which
+tiles exist is decided on the device from row_offsets / counts (no host sync, CUDA-graph capturable).
+
+Warp roles (one CTA, 128 threads per warpgroup):
+- warpgroup 0, warp 0: TMA producer. For each work unit it walks the K tiles and issues one TMA load of
+  the CTA's A tile and one of the B tile into the next free stage of the mainloop pipeline.
+- warpgroups 1..W: wgmma consumers (W = tile_m / 64: each owns 64 rows of the tile, "cooperative").
+  They wait for a full stage, issue wgmma on it, release the stage once the next wgmma group retired,
+  then run the epilogue: activation / bias / row scale in registers, stmatrix to a staged SMEM buffer,
+  one TMA store per epilogue sub-tile by the first consumer warp.
+Pipelines:
+- mainloop (PipelineTmaAsync, `stages` deep): "full" = the stage's A and B bytes have landed (TMA
+  transaction count), "empty" = every consumer warp of every CTA that reads this stage's B (both CTAs of
+  a cluster) is done with it.
+- epilogue store (PipelineTmaStore): bulk-group accounting of TMA stores, so an SMEM epilogue buffer is
+  reused only after its store has read it.
+While the consumers run the epilogue of unit i, the producer already streams unit i+1's first stages.
+
+Work units and clusters: cluster (cluster_m, 1, 1) with cluster_m 1 or 2. The global m-blocks (row /
+tile_m, over all experts) are taken cluster_m at a time: unit u covers m-blocks cluster_m*mu + rank at
+n-block nb. With cluster_m == 2 the unit is a PAIR when both m-blocks belong to the same expert with
+counts[e] >= pair_threshold: each CTA loads half of the weight tile and multicasts it to both CTAs
+(.multicast::cluster). Otherwise the two CTAs work as two SINGLES (possibly of different experts), each
+loading its own full weight tile. Both CTAs decode the same unit, so their pipelines stay in lockstep.
+
+Schedulers: STATIC (unit = cluster id + i * clusters) or DYNAMIC (a global atomic counter; the producer
+of each cluster's rank-0 CTA fetches the next unit and hands it to its consumers and to the peer CTA
+through an SMEM slot guarded by a small mbarrier pipeline). The counter is reset without a host sync by
+an epoch scheme: the workspace holds (counter, epoch); every CTA adds one to a finished count, and the
+last CTA to finish zeroes the counter for the next launch.
+
+Limits: bf16/fp16 in, fp32 accumulation, K % tile_k == 0 is not needed (TMA zero-fills), K % 8 == 0,
+N % tile_n == 0, row_offsets multiples of tile_m * cluster_m is NOT needed (units straddling experts
+become singles); row_offsets must be multiples of tile_m.
+"""
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from .epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+
+# epilogue kinds (strings so they are static and hashable)
+EPI_SWIGLU = "swiglu"
+EPI_GELU_GATED = "gelu_gated"
+EPI_SWIGLU_OAI = "swiglu_oai"
+EPI_PLAIN = "plain"  # GEMM2: optional bias, optional row scale
+GATED_EPILOGUES = (EPI_SWIGLU, EPI_GELU_GATED, EPI_SWIGLU_OAI)
+
+SCHED_STATIC = "static"
+SCHED_DYNAMIC = "dynamic"
+RASTER_M = "along_m"  # consecutive units walk down the m-blocks of one n-block (weight tile reuse in L2)
+RASTER_N = "along_n"  # consecutive units walk across the n-blocks of one m-block (A tile reuse in L2)
+
+GATE_UP_CHUNK = 8  # w13 prepack: 8 gate rows then the matching 8 up rows, repeated
+
+
+class Sm90GroupedGemmKernel:
+    """One compiled instance = one static configuration (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        tile_m: int,
+        tile_n: int,
+        tile_k: int,
+        stages: int,
+        cluster_m: int,
+        epilogue: str,
+        has_bias: bool,
+        has_row_scale: bool,
+        num_experts: int,
+        scheduler: str,
+        raster: str,
+        num_sms: int,
+    ):
+        self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
+        self.stages = stages
+        self.cluster_m = cluster_m
+        self.epilogue = epilogue
+        self.gated = epilogue in GATED_EPILOGUES
+        self.has_bias = has_bias
+        self.has_row_scale = has_row_scale
+        self.num_experts = num_experts
+        self.scheduler = scheduler
+        self.raster = raster
+        self.num_sms = num_sms
+        self.out_tile_n = tile_n // 2 if self.gated else tile_n
+        self.num_consumer_wg = tile_m // 64
+        self.threads_per_wg = 128
+        self.threads = (1 + self.num_consumer_wg) * self.threads_per_wg
+        self.num_consumer_threads = self.num_consumer_wg * self.threads_per_wg
+        self.acc_dtype = cutlass.Float32
+        self.epi_stages = 2
+        self.sched_stages = 2
+        self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
+        self.buffer_align_bytes = 1024
+
+    # ------------------------------------------------------------------ host side (trace time)
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,  # [M, K]
+        b: cute.Tensor,  # [E, N, K]
+        c: cute.Tensor,  # [M, N_out]
+        row_offsets: cute.Tensor,  # [E+1] int32
+        counts: cute.Tensor,  # [E] int32
+        bias: cute.Tensor,  # [E, N] fp32 (packed like b for gated epilogues); unused unless has_bias
+        row_scale: cute.Tensor,  # [M] fp32; unused unless has_row_scale
+        workspace: cute.Tensor,  # [4] int32: dynamic scheduler counter, done count
+        pair_threshold: cutlass.Int32,
+        stream,
+    ):
+        self.ab_dtype = a.element_type
+        self.n_blocks = b.shape[1] // self.tile_n
+        self.c_dtype = c.element_type
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype,
+            self.ab_dtype,
+            cute.nvgpu.warpgroup.OperandMajorMode.K,
+            cute.nvgpu.warpgroup.OperandMajorMode.K,
+            self.acc_dtype,
+            (self.num_consumer_wg, 1, 1),
+            tiler_mn=(64, self.tile_n),
+        )
+        # the same instruction shape over the output columns: its C partition is the epilogue's layout
+        self.out_tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype,
+            self.ab_dtype,
+            cute.nvgpu.warpgroup.OperandMajorMode.K,
+            cute.nvgpu.warpgroup.OperandMajorMode.K,
+            self.acc_dtype,
+            (self.num_consumer_wg, 1, 1),
+            tiler_mn=(64, self.out_tile_n),
+        )
+        tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
+        self.epi_tile = (self.tile_m, min(32, self.out_tile_n)) if self.num_consumer_wg > 1 else (64, min(32, self.out_tile_n))
+        a_layout = utils.LayoutEnum.from_tensor(a)
+        c_layout = utils.LayoutEnum.from_tensor(c)
+        self.c_layout = c_layout
+        a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, self.ab_dtype, self.stages)
+        b_smem_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile_mnk, self.ab_dtype, self.stages)
+        epi_smem_staged = sm90_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile, self.epi_stages)
+
+        # B viewed as (N, K, E) so that the expert is the batch mode of the TMA tensor
+        b_nke = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 2, 0]))
+
+        a_smem_one = cute.slice_(a_smem_staged, (None, None, 0))
+        b_smem_one = cute.slice_(b_smem_staged, (None, None, 0))
+        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a, a_smem_one, (self.tile_m, self.tile_k)
+        )
+        tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), b_nke, b_smem_one, (self.tile_n, self.tile_k)
+        )
+        tma_atom_b_mc, tma_b_mc = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp()
+            if cutlass.const_expr(self.cluster_m > 1)
+            else cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(),
+            b_nke,
+            b_smem_one,
+            (self.tile_n, self.tile_k),
+            num_multicast=self.cluster_m,
+        )
+        tma_atom_c, tma_c = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(),
+            c,
+            cute.slice_(epi_smem_staged, (None, None, 0)),
+            self.epi_tile,
+        )
+        self.tma_bytes = cute.size_in_bytes(self.ab_dtype, a_smem_one) + cute.size_in_bytes(self.ab_dtype, b_smem_one)
+
+        @cute.struct
+        class SharedStorage:
+            mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sched_barriers: cute.struct.MemRange[cutlass.Int64, self.sched_stages * 2]
+            sched_slots: cute.struct.MemRange[cutlass.Int32, self.sched_stages * 4]
+            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem_staged)], self.buffer_align_bytes]
+            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem_staged)], self.buffer_align_bytes]
+            sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(epi_smem_staged)], self.buffer_align_bytes]
+
+        self.shared_storage = SharedStorage
+        num_clusters = self.num_sms // self.cluster_m
+        self.kernel(
+            tma_atom_a,
+            tma_a,
+            tma_atom_b,
+            tma_b,
+            tma_atom_b_mc,
+            tma_b_mc,
+            tma_atom_c,
+            tma_c,
+            row_offsets,
+            counts,
+            bias,
+            row_scale,
+            workspace,
+            pair_threshold,
+            a_smem_staged,
+            b_smem_staged,
+            epi_smem_staged,
+            self.tiled_mma,
+            self.out_tiled_mma,
+        ).launch(
+            grid=(num_clusters * self.cluster_m, 1, 1),
+            block=(self.threads, 1, 1),
+            cluster=(self.cluster_m, 1, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    # ------------------------------------------------------------------ device helpers
+    @cute.jit
+    def expert_of_row(self, row_offsets: cute.Tensor, row: cutlass.Int32) -> cutlass.Int32:
+        """Largest e < E with row_offsets[e] <= row (unrolled binary search; empty experts are skipped)."""
+        lo = cutlass.Int32(0)
+        step = 1 << (max(self.num_experts - 1, 1).bit_length() - 1)
+        while cutlass.const_expr(step >= 1):
+            cand = lo + step
+            safe = cutlass.min(cand, cutlass.Int32(self.num_experts - 1))
+            if cand < self.num_experts and row_offsets[safe] <= row:
+                lo = safe
+            step //= 2
+        return lo
+
+    @cute.jit
+    def decode_unit(self, unit: cutlass.Int32, row_offsets, counts, pair_threshold, rank: cutlass.Int32):
+        """unit -> (m_block of this CTA, n_block, expert, tile has rows, tile has valid rows, is pair).
+
+        `tile has rows`: the m-block lies inside rows in use (else: compute nothing useful, store nothing).
+        """
+        total_rows = row_offsets[self.num_experts]
+        num_m_blocks = total_rows // self.tile_m
+        num_m_units = (num_m_blocks + self.cluster_m - 1) // self.cluster_m
+        num_n_blocks = self.n_blocks
+        mu = unit % num_m_units
+        nb = unit // num_m_units
+        if cutlass.const_expr(self.raster == RASTER_N):
+            nb = unit % num_n_blocks
+            mu = unit // num_n_blocks
+        m_block = mu * self.cluster_m + rank
+        in_use = m_block < num_m_blocks
+        row = cutlass.min(m_block, num_m_blocks - 1) * self.tile_m
+        expert = self.expert_of_row(row_offsets, row)
+        has_valid = in_use and (m_block * self.tile_m - row_offsets[expert]) < counts[expert]
+        is_pair = cutlass.Boolean(False)
+        if cutlass.const_expr(self.cluster_m == 2):
+            first = mu * 2
+            second = first + 1
+            e0 = self.expert_of_row(row_offsets, first * self.tile_m)
+            e1 = self.expert_of_row(row_offsets, cutlass.min(second, num_m_blocks - 1) * self.tile_m)
+            is_pair = second < num_m_blocks and e0 == e1 and counts[e0] >= pair_threshold
+        return m_block, nb, expert, in_use, has_valid, is_pair
+
+    @cute.jit
+    def total_units(self, row_offsets) -> cutlass.Int32:
+        num_m_blocks = row_offsets[self.num_experts] // self.tile_m
+        return ((num_m_blocks + self.cluster_m - 1) // self.cluster_m) * self.n_blocks
+
+    # ------------------------------------------------------------------ the kernel
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB: cute.Tensor,
+        tma_atom_b_mc: cute.CopyAtom,
+        mB_mc: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        mC: cute.Tensor,
+        row_offsets: cute.Tensor,
+        counts: cute.Tensor,
+        bias: cute.Tensor,
+        row_scale: cute.Tensor,
+        workspace: cute.Tensor,
+        pair_threshold: cutlass.Int32,
+        a_smem_staged: cute.ComposedLayout,
+        b_smem_staged: cute.ComposedLayout,
+        epi_smem_staged: cute.ComposedLayout,
+        tiled_mma: cute.TiledMma,
+        out_tiled_mma: cute.TiledMma,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        if warp_idx == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b_mc)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_c)
+
+        rank = cutlass.Int32(0)
+        if cutlass.const_expr(self.cluster_m > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_id = bidx // self.cluster_m
+        num_clusters = gdim // self.cluster_m
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        cta_layout_vmnk = cute.make_layout((1, self.cluster_m, 1, 1))
+        num_consumer_warps = self.num_consumer_wg * 4
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mainloop_barriers.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.cluster_m * num_consumer_warps),
+            tx_count=self.tma_bytes,
+            cta_layout_vmnk=cta_layout_vmnk,
+            defer_sync=True,
+        )
+        # dynamic scheduler: the producer warp's lane 0 writes the fetched unit into an SMEM slot ("full"
+        # = slot written, one arrival); every consumer thread reads it and arrives on "empty"
+        sched = pipeline.PipelineAsync.create(
+            barrier_storage=storage.sched_barriers.data_ptr(),
+            num_stages=self.sched_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
+            defer_sync=True,
+        )
+        pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, 1), is_relaxed=True)
+
+        sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+        sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
+        slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
+
+        # (bM, bK, RestM, RestK), (bN, bK, RestN, RestK, E), (bM, bN_out, RestM, RestN)
+        gA = cute.local_tile(mA, (self.tile_m, self.tile_k), (None, None))
+        gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (None, None, None))
+        gB_mc = cute.local_tile(mB_mc, (self.tile_n, self.tile_k), (None, None, None))
+        gC = cute.local_tile(mC, (self.tile_m, self.out_tile_n), (None, None))
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+            tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+        )
+        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+            tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
+        )
+        tBsB_mc, tBgB_mc = cute.nvgpu.cpasync.tma_partition(
+            tma_atom_b_mc,
+            rank,
+            cute.make_layout(self.cluster_m),
+            cute.group_modes(sB, 0, 2),
+            cute.group_modes(gB_mc, 0, 2),
+        )
+        k_tiles = cute.size(gA, mode=[3])
+
+        wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
+        pipeline_init_wait(cluster_shape_mn=(self.cluster_m, 1))
+
+        if wg_idx == 0:
+            # ---------------------------------------------------------- producer warpgroup
+            cute.arch.setmaxregister_decrease(40)
+            if warp_idx == 0:
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
+                unit = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True)
+                self.publish_unit(unit, sched, sched_state, slots)
+                total = self.total_units(row_offsets)
+                while unit < total:
+                    m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
+                        unit, row_offsets, counts, pair_threshold, rank
+                    )
+                    for k in cutlass.range(k_tiles, unroll=1):
+                        mainloop.producer_acquire(state)
+                        bar = mainloop.producer_get_barrier(state)
+                        cute.copy(tma_atom_a, tAgA[(None, m_block, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                        if cutlass.const_expr(self.cluster_m > 1):
+                            if is_pair:
+                                cute.copy(
+                                    tma_atom_b_mc,
+                                    tBgB_mc[(None, nb, k, expert)],
+                                    tBsB_mc[(None, state.index)],
+                                    tma_bar_ptr=bar,
+                                    mcast_mask=cutlass.Int16((1 << self.cluster_m) - 1),
+                                )
+                            else:
+                                cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                        else:
+                            cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                        mainloop.producer_commit(state)
+                        state.advance()
+                    unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False)
+                    self.publish_unit(unit, sched, sched_state, slots)
+                self.finish_dynamic(workspace, gdim)
+                mainloop.producer_tail(state)
+        else:
+            # ---------------------------------------------------------- consumer warpgroups
+            cute.arch.setmaxregister_increase(232 if self.num_consumer_wg > 1 else 240)
+            ctidx = tidx - self.threads_per_wg
+            thr_mma = tiled_mma.get_slice(ctidx)
+            thr_out = out_tiled_mma.get_slice(ctidx)
+            tCsA = thr_mma.partition_A(sA)
+            tCsB = thr_mma.partition_B(sB)
+            tCrA = tiled_mma.make_fragment_A(tCsA)
+            tCrB = tiled_mma.make_fragment_B(tCsB)
+            acc_shape = thr_mma.partition_shape_C((self.tile_m, self.tile_n))
+            acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
+            out_shape = thr_out.partition_shape_C((self.tile_m, self.out_tile_n))
+            out = cute.make_rmem_tensor(out_shape, self.acc_dtype)
+            coords_acc = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+            coords_out = thr_out.partition_C(cute.make_identity_tensor((self.tile_m, self.out_tile_n)))
+            num_k_blocks = cute.size(tCrA, mode=[2])
+
+            # epilogue copies: registers -> SMEM (stmatrix), SMEM -> global (TMA)
+            copy_atom_r2s = sm90_utils.get_smem_store_op(self.c_layout, elem_ty_d=self.c_dtype, elem_ty_acc=self.acc_dtype)
+            copy_atom_c = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.c_dtype)
+            tiled_copy_c_atom = cute.make_tiled_copy_C_atom(copy_atom_c, out_tiled_mma)
+            tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, tiled_copy_c_atom)
+            thr_copy_r2s = tiled_copy_r2s.get_slice(ctidx)
+            tRS_sD = thr_copy_r2s.partition_D(sC)
+            tRS_rOut = tiled_copy_r2s.retile(out)
+            rd_shape = cute.shape(thr_copy_r2s.partition_S(sC))
+            tRS_rD = cute.make_rmem_tensor(rd_shape[:3], self.acc_dtype)
+            tRS_rD_out = cute.make_rmem_tensor(rd_shape[:3], self.c_dtype)
+            size_rD = cute.size(tRS_rD)
+            store_pipe = pipeline.PipelineTmaStore.create(
+                num_stages=self.epi_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
+            )
+            read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            sched_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.sched_stages)
+            epi_count = cutlass.Int32(0)
+            unit = self.consumer_unit(cluster_id, num_clusters, cluster_id, sched, sched_read, slots, True)
+            total = self.total_units(row_offsets)
+            while unit < total:
+                m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
+                    unit, row_offsets, counts, pair_threshold, rank
+                )
+                # ---- mainloop: one wgmma group in flight, release the stage of the previous group
+                acc.fill(0.0)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.fence()
+                for k in cutlass.range(k_tiles, unroll=1):
+                    mainloop.consumer_wait(read_state)
+                    for kb in cutlass.range_constexpr(num_k_blocks):
+                        coord = (None, None, kb, read_state.index)
+                        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if k > 0:
+                        mainloop.consumer_release(release_state)
+                        release_state.advance()
+                    read_state.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_tiles > 0:
+                    mainloop.consumer_release(release_state)
+                    release_state.advance()
+
+                # ---- epilogue (CTA-uniform branch: every consumer thread takes the same one)
+                if has_valid:
+                    self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
+                    gC_tile = gC[(None, None, m_block, nb)]
+                    gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
+                    bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+                        tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
+                    )
+                    epi_num = cute.size(gC_epi, mode=[1])
+                    epi_shape = gC_epi.shape[1]
+                    epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+                    for epi_idx in cutlass.range_constexpr(epi_num):
+                        for v in cutlass.range_constexpr(size_rD):
+                            tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
+                        tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+                        buf = (epi_count + epi_idx) % self.epi_stages
+                        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        self.epi_barrier.arrive_and_wait()
+                        if warp_idx == 4:
+                            cute.copy(tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))])
+                            store_pipe.producer_commit()
+                            store_pipe.producer_acquire()
+                        self.epi_barrier.arrive_and_wait()
+                    epi_count = epi_count + epi_num
+                unit = self.consumer_unit(cluster_id, num_clusters, unit, sched, sched_read, slots, False)
+            store_pipe.producer_tail()
+
+    # ------------------------------------------------------------------ scheduling
+    @cute.jit
+    def fetch_unit(self, cluster_id, num_clusters, previous, workspace, is_first: cutlass.Constexpr):
+        """Producer warp: the next unit (STATIC: arithmetic; DYNAMIC: one atomic by lane 0, broadcast)."""
+        unit = cluster_id
+        if cutlass.const_expr(not is_first):
+            unit = previous + num_clusters
+        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+            lane = cute.arch.lane_idx()
+            fetched = cutlass.Int32(0)
+            if lane == 0:
+                fetched = cute.arch.atomic_add(workspace.iterator, cutlass.Int32(1))
+            unit = cute.arch.shuffle_sync(fetched, 0)
+        return unit
+
+    @cute.jit
+    def publish_unit(self, unit, sched, sched_state, slots):
+        """Producer warp -> consumers: the unit id through an SMEM slot (DYNAMIC only)."""
+        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+            if cute.arch.lane_idx() == 0:
+                sched.producer_acquire(sched_state)
+                slots[(0, sched_state.index)] = unit
+                sched.producer_commit(sched_state)
+            sched_state.advance()
+
+    @cute.jit
+    def consumer_unit(self, cluster_id, num_clusters, previous, sched, sched_read, slots, is_first: cutlass.Constexpr):
+        unit = cluster_id
+        if cutlass.const_expr(not is_first):
+            unit = previous + num_clusters
+        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+            sched.consumer_wait(sched_read)
+            unit = slots[(0, sched_read.index)]
+            sched.consumer_release(sched_read)
+            sched_read.advance()
+        return unit
+
+    @cute.jit
+    def finish_dynamic(self, workspace, num_ctas):
+        """Epoch reset: the last CTA to finish fetching zeroes the counter for the next launch."""
+        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+            if cute.arch.lane_idx() == 0:
+                cute.arch.fence_acq_rel_gpu()
+                done = cute.arch.atomic_add(workspace.iterator + 1, cutlass.Int32(1))
+                if done == num_ctas - 1:
+                    workspace[0] = cutlass.Int32(0)
+                    workspace[1] = cutlass.Int32(0)
+
+    # ------------------------------------------------------------------ epilogue math
+    @cute.jit
+    def apply_epilogue(self, acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale):
+        """acc (tile_m x tile_n, fp32) -> out (tile_m x out_tile_n, fp32) in registers."""
+        n0 = nb * self.tile_n
+        r0 = m_block * self.tile_m
+        if cutlass.const_expr(self.has_bias):
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                acc[i] = acc[i] + bias[expert, n0 + coords_acc[i][1]]
+        if cutlass.const_expr(self.gated):
+            # wgmma C layout per thread: (2 cols, 2 rows, tile_n/8 column groups); the prepacked weight puts
+            # 8 gate columns then the 8 matching up columns, so gate group 2w pairs with up group 2w+1
+            groups_out = self.out_tile_n // 8
+            for m in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+                for w in cutlass.range_constexpr(groups_out):
+                    for ab in cutlass.range_constexpr(4):
+                        gate = acc[(ab + 8 * w, m, 0)]
+                        up = acc[(ab + 8 * w + 4, m, 0)]
+                        out[(ab + 4 * w, m, 0)] = self.activation(gate, up)
+        else:
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                out[i] = acc[i]
+        if cutlass.const_expr(self.has_row_scale):
+            for i in cutlass.range_constexpr(cute.size(out)):
+                out[i] = out[i] * row_scale[r0 + coords_out[i][0]]
+
+    @cute.jit
+    def activation(self, gate: cutlass.Float32, up: cutlass.Float32) -> cutlass.Float32:
+        result = gate
+        if cutlass.const_expr(self.epilogue == EPI_SWIGLU):
+            result = gate / (1.0 + cute.math.exp(-gate, fastmath=True)) * up
+        elif cutlass.const_expr(self.epilogue == EPI_GELU_GATED):
+            result = 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
+        else:
+            g = cutlass.min(gate, cutlass.Float32(SWIGLU_OAI_LIMIT))
+            u = cutlass.max(cutlass.min(up, cutlass.Float32(SWIGLU_OAI_LIMIT)), cutlass.Float32(-SWIGLU_OAI_LIMIT))
+            result = (u + 1.0) * (g / (1.0 + cute.math.exp(-SWIGLU_OAI_ALPHA * g, fastmath=True)))
+        return result

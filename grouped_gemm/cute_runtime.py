@@ -1,0 +1,295 @@
+"""Getting a compiled CuTe DSL kernel: JIT where the DSL is installed, or a prebuilt bundle without it.
+
+Shared by the sm90 and sm100 grouped GEMM families. A kernel is named by a `KernelKey` that holds static
+facts only (dtype, N, K, expert count, tile, cluster, epilogue, arch): the token count M is symbolic in every
+compiled kernel, so one kernel serves every batch size.
+
+A bundle is a directory of shared libraries, one per key, made by `export_kernel` (CuTe DSL `export_to_c`
+of a kernel compiled with `--enable-tvm-ffi`, linked with `gcc -shared`), plus `manifest.json` with one
+entry per key and, on request, the PTX beside each library. `load_kernel` opens one with
+`tvm_ffi.load_module`; that needs only `libcute_dsl_runtime.so` and the `tvm_ffi` package, no compiler.
+
+The bundle directory is found at call time: an explicit argument, else the environment variable
+MOE2CTA_KERNEL_DIR (read when asked, never at import).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import subprocess
+import tempfile
+import threading
+from typing import Callable
+
+__all__ = [
+    "KERNEL_DIR_ENV",
+    "KernelKey",
+    "kernel_dir",
+    "dsl_available",
+    "tvm_ffi_available",
+    "export_kernel",
+    "load_kernel",
+    "read_manifest",
+    "KernelCache",
+]
+
+KERNEL_DIR_ENV = "MOE2CTA_KERNEL_DIR"
+MANIFEST_NAME = "manifest.json"
+
+
+def _token(value) -> str:
+    """One filesystem-safe token for a key field."""
+    if isinstance(value, (tuple, list)):
+        return "x".join(_token(v) for v in value)
+    text = str(value.value if hasattr(value, "value") and not isinstance(value, (int, str)) else value)
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-") or "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelKey:
+    """Static facts that select one compiled kernel (never M, the token count)."""
+
+    family: str  # "sm90_grouped_gemm", "sm100_grouped_gemm", ...
+    arch: str  # "sm_90a", "sm_100a"
+    dtype: str  # "bfloat16", "float16"
+    n: int  # output columns of the GEMM (before a fused gated activation halves them)
+    k: int  # reduction length
+    num_experts: int
+    tile: tuple  # (tile_m, tile_n, tile_k)
+    cluster: tuple  # (cluster_m, cluster_n, 1)
+    epilogue: str  # "swiglu", "gelu_gated", "swiglu_oai", "row_scale", "plain", ... (+ "_bias")
+    extra: tuple = ()  # further static choices: stages, scheduler, raster, ... as (name, value) pairs or values
+
+    def __post_init__(self):
+        for name in ("family", "arch", "dtype", "epilogue"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise TypeError(f"KernelKey.{name}: expected a non-empty str, got {getattr(self, name)!r}")
+        for name in ("n", "k", "num_experts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise TypeError(f"KernelKey.{name}: expected a positive int, got {value!r}")
+        for name in ("tile", "cluster", "extra"):
+            if not isinstance(getattr(self, name), tuple):
+                raise TypeError(f"KernelKey.{name}: expected a tuple, got {getattr(self, name)!r}")
+
+    def file_stem(self) -> str:
+        """Stable, filesystem-safe name of this kernel (the same on every machine and Python run)."""
+        parts = [
+            _token(self.family),
+            _token(self.arch),
+            _token(self.dtype),
+            f"n{self.n}",
+            f"k{self.k}",
+            f"e{self.num_experts}",
+            "t" + _token(self.tile),
+            "c" + _token(self.cluster),
+            _token(self.epilogue),
+        ]
+        for item in self.extra:
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+                parts.append(_token(item[0]) + _token(item[1]))  # (name, value) pair
+            else:
+                parts.append(_token(item))
+        stem = "_".join(parts)
+        if len(stem) > 180:  # keep names short enough for every filesystem; the hash keeps them unique
+            digest = hashlib.sha1(stem.encode()).hexdigest()[:12]
+            stem = stem[:160] + "_" + digest
+        return stem
+
+    def function_name(self) -> str:
+        """Symbol of the exported entry function (a C identifier)."""
+        return "moe2cta_" + re.sub(r"[^A-Za-z0-9_]", "_", self.file_stem())
+
+    def to_json(self) -> dict:
+        return {
+            "family": self.family,
+            "arch": self.arch,
+            "dtype": self.dtype,
+            "n": self.n,
+            "k": self.k,
+            "num_experts": self.num_experts,
+            "tile": list(self.tile),
+            "cluster": list(self.cluster),
+            "epilogue": self.epilogue,
+            "extra": [list(x) if isinstance(x, tuple) else x for x in self.extra],
+        }
+
+
+def kernel_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path | None:
+    """The bundle directory: `explicit`, else $MOE2CTA_KERNEL_DIR (read now), else None."""
+    if explicit is not None:
+        return pathlib.Path(explicit)
+    value = os.environ.get(KERNEL_DIR_ENV)
+    return pathlib.Path(value) if value else None
+
+
+def dsl_available() -> bool:
+    """True when the CuTe DSL compiler (nvidia-cutlass-dsl) can be imported here."""
+    try:
+        return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("cutlass.cute") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def tvm_ffi_available() -> bool:
+    try:
+        return importlib.util.find_spec("tvm_ffi") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_manifest_lock = threading.Lock()
+
+
+def read_manifest(directory: str | os.PathLike) -> dict:
+    """{file_stem: entry} of a bundle directory ({} when it has no manifest)."""
+    path = pathlib.Path(directory) / MANIFEST_NAME
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def _write_manifest_entry(directory: pathlib.Path, stem: str, entry: dict) -> None:
+    with _manifest_lock:
+        manifest = read_manifest(directory)
+        manifest[stem] = entry
+        tmp = directory / (MANIFEST_NAME + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        tmp.replace(directory / MANIFEST_NAME)
+
+
+def export_kernel(
+    compiled,
+    key: KernelKey,
+    out_dir: str | os.PathLike,
+    keep_ptx: bool,
+    smem_bytes: int | None = None,
+    info: dict | None = None,
+) -> pathlib.Path:
+    """Write `compiled` (a cute.compile result made with --enable-tvm-ffi) as `<out_dir>/<stem>.so`.
+
+    With keep_ptx, the PTX goes beside it as `<stem>.ptx` (needs the kernel compiled with --keep-ptx).
+    Adds a manifest entry: the key fields, the entry function name, SMEM bytes and any `info`.
+    """
+    if not isinstance(key, KernelKey):
+        raise TypeError(f"key: expected KernelKey, got {type(key).__name__}")
+    import cutlass.cute as cute  # lazy: the DSL is optional
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = key.file_stem()
+    lib_path = out / f"{stem}.so"
+    with tempfile.TemporaryDirectory() as tmp:
+        obj = pathlib.Path(tmp) / f"{stem}.o"
+        compiled.export_to_c(str(obj), function_name=key.function_name())
+        libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
+        cmd = ["gcc", "-shared", "-o", str(lib_path), str(obj), *libs]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"export_kernel: gcc failed for {stem}:\n{result.stderr}")
+    ptx_file = None
+    if keep_ptx:
+        ptx = getattr(compiled, "__ptx__", None)
+        if not ptx:
+            raise RuntimeError(f"export_kernel: no PTX kept for {stem}; compile with options '--keep-ptx'")
+        ptx_file = out / f"{stem}.ptx"
+        ptx_file.write_text(ptx)
+    entry = {
+        "key": key.to_json(),
+        "library": lib_path.name,
+        "function": key.function_name(),
+        "ptx": ptx_file.name if ptx_file else None,
+        "smem_bytes": smem_bytes,
+    }
+    if info:
+        entry["info"] = info
+    _write_manifest_entry(out, stem, entry)
+    return lib_path
+
+
+def load_kernel(key: KernelKey, directory: str | os.PathLike) -> Callable:
+    """Open `<directory>/<stem>.so` with tvm_ffi and return its entry function (called with torch tensors)."""
+    if not isinstance(key, KernelKey):
+        raise TypeError(f"key: expected KernelKey, got {type(key).__name__}")
+    path = pathlib.Path(directory) / f"{key.file_stem()}.so"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"load_kernel: no prebuilt kernel {path.name} in {directory} "
+            f"(build it with `python -m moe2cta.aot build --arch {key.arch} --out {directory}` on a machine "
+            "with nvidia-cutlass-dsl)"
+        )
+    try:
+        import tvm_ffi  # lazy: only the runtime needs it
+    except ImportError as exc:
+        raise RuntimeError("load_kernel: the tvm_ffi package (apache-tvm-ffi) is needed to load bundles") from exc
+    module = tvm_ffi.load_module(str(path))
+    function = module[key.function_name()]
+    # keep the module alive as long as the function
+    return _LoadedKernel(function, module, path)
+
+
+class _LoadedKernel:
+    def __init__(self, function, module, path: pathlib.Path):
+        self.function = function
+        self.module = module
+        self.path = path
+
+    def __call__(self, *args):
+        return self.function(*args)
+
+    def __repr__(self) -> str:
+        return f"LoadedKernel({self.path.name})"
+
+
+class KernelCache:
+    """In-process kernels by key: JIT through `compile_fn()` where the DSL is present, else a bundle.
+
+    `prefer` chooses when both are possible: "jit" (default) or "bundle" (a prebuilt kernel when one is
+    in the bundle directory, else JIT).
+    """
+
+    def __init__(self, directory: str | os.PathLike | None = None, prefer: str = "jit"):
+        if prefer not in ("jit", "bundle"):
+            raise ValueError(f"prefer: expected 'jit' or 'bundle', got {prefer!r}")
+        self._directory = directory
+        self._prefer = prefer
+        self._kernels: dict[KernelKey, Callable] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    def __contains__(self, key: KernelKey) -> bool:
+        return key in self._kernels
+
+    def get(self, key: KernelKey, compile_fn: Callable[[], Callable] | None) -> Callable:
+        """The kernel for `key`; `compile_fn()` returns a callable compiled kernel (used only with the DSL)."""
+        with self._lock:
+            kernel = self._kernels.get(key)
+            if kernel is not None:
+                return kernel
+            kernel = self._make(key, compile_fn)
+            self._kernels[key] = kernel
+            return kernel
+
+    def _make(self, key: KernelKey, compile_fn) -> Callable:
+        directory = kernel_dir(self._directory)
+        bundle_file = directory / f"{key.file_stem()}.so" if directory is not None else None
+        has_bundle = bundle_file is not None and bundle_file.exists()
+        can_jit = compile_fn is not None and dsl_available()
+        if has_bundle and (self._prefer == "bundle" or not can_jit):
+            return load_kernel(key, directory)
+        if can_jit:
+            return compile_fn()
+        where = f"{bundle_file} does not exist" if bundle_file else f"no bundle directory (${KERNEL_DIR_ENV} unset)"
+        raise RuntimeError(
+            f"no way to get kernel {key.file_stem()}: the CuTe DSL (nvidia-cutlass-dsl) is not installed here and "
+            f"{where}. Build a bundle on a machine with the DSL (no GPU needed): "
+            f"`python -m moe2cta.aot build --model MODEL --arch {key.arch} --out DIR`, then set "
+            f"{KERNEL_DIR_ENV}=DIR or pass the directory."
+        )

@@ -1,0 +1,446 @@
+"""Hopper (sm_90a) grouped GEMM family: configuration, validity, resource model and host API.
+
+The kernel itself (warp roles, pipelines, limits) is described in cute_backend.py, which imports the CuTe
+DSL and is imported lazily from here. This module needs neither a GPU nor the DSL to import.
+
+Host API (semantics of grouped_gemm/reference.py):
+  prepack_w13(w13) -> packed            once at weight load: gate/up rows interleaved in chunks of 8
+  sm90_grouped_gemm1(a, packed_w13, row_offsets, counts, activation, b13=None, out=None, config=None)
+  sm90_grouped_gemm2(a, w2, row_offsets, counts, row_scale=None, b2=None, out=None, config=None)
+Kernels come from a `KernelCache` (cute_runtime.py): JIT where the DSL is installed, else a prebuilt
+bundle from `kernel_dir()` (argument or $MOE2CTA_KERNEL_DIR read at call time).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import torch
+
+from .budget import ARCH_LIMITS, Arch, WorkUnit, input_bytes_per_stage, max_stages
+from .cute_runtime import KernelCache, KernelKey
+from .epilogue import Activation
+
+__all__ = [
+    "Scheduler",
+    "Raster",
+    "GemmKind",
+    "Sm90GemmConfig",
+    "Sm90Problem",
+    "can_implement",
+    "smem_bytes",
+    "resolve_stages",
+    "default_config",
+    "prepack_w13",
+    "pack_gate_up_rows",
+    "kernel_key",
+    "compile_kernel",
+    "sm90_grouped_gemm1",
+    "sm90_grouped_gemm2",
+    "compile_for_preset",
+    "preset_configs",
+]
+
+FAMILY = "sm90_grouped_gemm"
+GATE_UP_CHUNK = 8  # must match cute_backend.GATE_UP_CHUNK (the wgmma C layout's 8-column groups)
+EPILOGUE_SMEM_STAGES = 2
+EPILOGUE_TILE_N = 32
+BARRIER_RESERVE_BYTES = 1024
+
+
+class Scheduler(enum.Enum):
+    STATIC = "static"  # unit = cluster id + i * clusters
+    DYNAMIC = "dynamic"  # global atomic counter, epoch reset in-kernel (cluster_m == 1 only)
+
+
+class Raster(enum.Enum):
+    ALONG_M = "along_m"  # consecutive units: next m-block, same n-block (weight tile stays in L2)
+    ALONG_N = "along_n"  # consecutive units: next n-block, same m-block (token tile stays in L2)
+
+
+class GemmKind(enum.Enum):
+    GEMM1 = "gemm1"  # a1 @ w13.T + b13 -> gated activation -> [M, I]
+    GEMM2 = "gemm2"  # (a2 @ w2.T + b2) * row_scale -> [M, H]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm90GemmConfig:
+    """Static choices of one sm90 grouped GEMM kernel (the token count is never one of them)."""
+
+    tile_m: int = 128  # rows per CTA: 64 (one consumer warpgroup) or 128 (two)
+    tile_n: int = 128  # weight rows per CTA tile (GEMM1: gate+up interleaved, output tile_n / 2)
+    tile_k: int = 64
+    stages: int = 0  # 0: as many as the SMEM budget allows (at most 8)
+    work_unit: WorkUnit = WorkUnit.PAIR  # PAIR: (2,1,1) clusters, B multicast for experts >= threshold
+    scheduler: Scheduler = Scheduler.STATIC
+    raster: Raster = Raster.ALONG_M
+    pair_threshold: int = 256  # runtime: experts with at least this many rows use pair units
+
+    @property
+    def cluster_m(self) -> int:
+        return 2 if self.work_unit is WorkUnit.PAIR else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Sm90Problem:
+    """Static facts of one grouped GEMM: n = weight rows (GEMM1: 2I), k = reduction length."""
+
+    kind: GemmKind
+    n: int
+    k: int
+    num_experts: int
+    dtype: torch.dtype = torch.bfloat16
+    activation: Activation | None = None  # GEMM1 only
+    has_bias: bool = False
+    has_row_scale: bool = False  # GEMM2 only
+
+    @property
+    def out_n(self) -> int:
+        return self.n // 2 if self.kind is GemmKind.GEMM1 else self.n
+
+    @property
+    def epilogue(self) -> str:
+        name = self.activation.value if self.kind is GemmKind.GEMM1 else "plain"
+        if self.has_row_scale:
+            name += "_rowscale"
+        if self.has_bias:
+            name += "_bias"
+        return name
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+
+
+def smem_bytes(config: Sm90GemmConfig, stages: int) -> int:
+    """SMEM one CTA uses: `stages` A+B stages, the epilogue staging buffers, barriers."""
+    per_stage = input_bytes_per_stage(config.tile_m, config.tile_n, config.tile_k, 2, WorkUnit.SINGLE, Arch.SM90)
+    return stages * per_stage + _reserved_bytes(config)
+
+
+def _reserved_bytes(config: Sm90GemmConfig) -> int:
+    epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES
+    return epi + BARRIER_RESERVE_BYTES + 3 * 1024  # + alignment padding of the three 1 KiB-aligned buffers
+
+
+def resolve_stages(config: Sm90GemmConfig) -> int:
+    """The stage count the kernel is compiled with (config.stages, or the most that fit, capped at 8)."""
+    if config.stages:
+        return config.stages
+    # each CTA keeps the whole B tile even in a pair (multicast), so SINGLE accounting holds for both
+    per_stage = input_bytes_per_stage(config.tile_m, config.tile_n, config.tile_k, 2, WorkUnit.SINGLE, Arch.SM90)
+    return min(8, max_stages(per_stage, _reserved_bytes(config), Arch.SM90))
+
+
+def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, str]:
+    """(True, "") when this kernel can run `problem` with `config`, else (False, why)."""
+    if not isinstance(config, Sm90GemmConfig):
+        return False, f"config: expected Sm90GemmConfig, got {type(config).__name__}"
+    if problem.dtype not in (torch.bfloat16, torch.float16):
+        return False, f"dtype: expected bfloat16 or float16, got {problem.dtype}"
+    if config.tile_m not in (64, 128):
+        return False, f"tile_m: expected 64 or 128, got {config.tile_m}"
+    if config.tile_k not in (32, 64, 128):
+        return False, f"tile_k: expected 32, 64 or 128, got {config.tile_k}"
+    if config.tile_n % 16 or not 16 <= config.tile_n <= 256:
+        return False, f"tile_n: expected a multiple of 16 in [16, 256], got {config.tile_n}"
+    out_tile_n = config.tile_n // 2 if problem.kind is GemmKind.GEMM1 else config.tile_n
+    if out_tile_n % EPILOGUE_TILE_N and out_tile_n > EPILOGUE_TILE_N:
+        return False, f"tile_n: output tile {out_tile_n} must be a multiple of {EPILOGUE_TILE_N}"
+    if out_tile_n < EPILOGUE_TILE_N and EPILOGUE_TILE_N % out_tile_n:
+        return False, f"tile_n: output tile {out_tile_n} must divide {EPILOGUE_TILE_N}"
+    if problem.n % config.tile_n:
+        return False, f"n: {problem.n} is not a multiple of tile_n {config.tile_n}"
+    if problem.kind is GemmKind.GEMM1:
+        if problem.activation is None:
+            return False, "activation: GEMM1 needs an Activation"
+        if problem.has_row_scale:
+            return False, "row_scale: only GEMM2 takes a row scale"
+        if (problem.n // 2) % GATE_UP_CHUNK:
+            return False, f"n: intermediate size {problem.n // 2} must be a multiple of {GATE_UP_CHUNK}"
+    elif problem.activation is not None:
+        return False, "activation: GEMM2 takes no activation"
+    if problem.k % 8:
+        return False, f"k: {problem.k} must be a multiple of 8 (16-byte TMA rows)"
+    if config.work_unit is WorkUnit.PAIR and config.scheduler is Scheduler.DYNAMIC:
+        return False, "scheduler: DYNAMIC is implemented for SINGLE work units (cluster 1) only"
+    if config.pair_threshold < 0:
+        return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
+    stages = resolve_stages(config)
+    if stages < 2:
+        return False, f"stages: only {stages} fit in SMEM for tile {config.tile_m}x{config.tile_n}x{config.tile_k}"
+    if smem_bytes(config, stages) > ARCH_LIMITS[Arch.SM90].smem_per_cta:
+        return False, f"stages: {stages} stages need {smem_bytes(config, stages)} bytes of SMEM"
+    return True, ""
+
+
+def default_config(problem: Sm90Problem, tokens_per_expert: float | None = None) -> Sm90GemmConfig:
+    """Analytic default: decode-sized experts get 64-row tiles; wide N tiles where N allows."""
+    tile_m = 64 if tokens_per_expert is not None and tokens_per_expert <= 64 else 128
+    for tile_n in (128, 192, 256, 64):
+        cfg = Sm90GemmConfig(tile_m=tile_m, tile_n=tile_n, work_unit=WorkUnit.PAIR if tile_m == 128 else WorkUnit.SINGLE)
+        if can_implement(cfg, problem)[0]:
+            return cfg
+    raise ValueError(f"problem: no sm90 configuration fits {problem}")
+
+
+# ---------------------------------------------------------------------------------------------- prepack
+def pack_gate_up_rows(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2I, *] gate-then-up rows -> rows interleaved in chunks of 8 (gate 8, up 8, gate 8, ...)."""
+    two_i = x.shape[1]
+    if two_i % (2 * GATE_UP_CHUNK):
+        raise ValueError(f"w13: expected 2I a multiple of {2 * GATE_UP_CHUNK}, got {two_i}")
+    inter = two_i // 2
+    rest = x.shape[2:]
+    gate = x[:, :inter].reshape(x.shape[0], inter // GATE_UP_CHUNK, GATE_UP_CHUNK, *rest)
+    up = x[:, inter:].reshape(x.shape[0], inter // GATE_UP_CHUNK, GATE_UP_CHUNK, *rest)
+    return torch.stack((gate, up), dim=2).reshape(x.shape).contiguous()
+
+
+def prepack_w13(w13: torch.Tensor) -> torch.Tensor:
+    """Public w13 [E, 2I, H] (gate rows, then up rows) -> the kernel's interleaved [E, 2I, H] (once at load)."""
+    if not isinstance(w13, torch.Tensor) or w13.dim() != 3:
+        raise TypeError(f"w13: expected a 3-d tensor [E, 2I, H], got {getattr(w13, 'shape', type(w13))}")
+    return pack_gate_up_rows(w13)
+
+
+# ---------------------------------------------------------------------------------------------- compile
+def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
+    return KernelKey(
+        family=FAMILY,
+        arch=Arch.SM90.value,
+        dtype=_dtype_name(problem.dtype),
+        n=problem.n,
+        k=problem.k,
+        num_experts=problem.num_experts,
+        tile=(config.tile_m, config.tile_n, config.tile_k),
+        cluster=(config.cluster_m, 1, 1),
+        epilogue=problem.epilogue,
+        extra=(("stages", resolve_stages(config)), ("sched", config.scheduler.value), ("raster", config.raster.value)),
+    )
+
+
+def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool = False):
+    """JIT-compile (CuTe DSL, symbolic M, tvm-ffi ABI) for sm_90a; needs the DSL, not a GPU."""
+    ok, why = can_implement(config, problem)
+    if not ok:
+        raise ValueError(f"config: cannot implement {problem}: {why}")
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+    from .cute_backend import Sm90GroupedGemmKernel
+
+    dt = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[problem.dtype]
+    e, n, k = problem.num_experts, problem.n, problem.k
+    m = cute.sym_int()
+    a = make_fake_compact_tensor(dt, (m, k), stride_order=(1, 0), assumed_align=16)
+    b = make_fake_compact_tensor(dt, (e, n, k), stride_order=(2, 1, 0), assumed_align=16)
+    c = make_fake_compact_tensor(dt, (m, problem.out_n), stride_order=(1, 0), assumed_align=16)
+    row_offsets = make_fake_compact_tensor(cutlass.Int32, (e + 1,))
+    counts = make_fake_compact_tensor(cutlass.Int32, (e,))
+    bias = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int()), stride_order=(1, 0))
+    row_scale = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),))
+    workspace = make_fake_compact_tensor(cutlass.Int32, (4,))
+    kernel = Sm90GroupedGemmKernel(
+        tile_m=config.tile_m,
+        tile_n=config.tile_n,
+        tile_k=config.tile_k,
+        stages=resolve_stages(config),
+        cluster_m=config.cluster_m,
+        epilogue=problem.activation.value if problem.kind is GemmKind.GEMM1 else "plain",
+        has_bias=problem.has_bias,
+        has_row_scale=problem.has_row_scale,
+        num_experts=e,
+        scheduler=config.scheduler.value,
+        raster=config.raster.value,
+        num_sms=ARCH_LIMITS[Arch.SM90].num_sms,
+    )
+    options = f"--enable-tvm-ffi --gpu-arch {Arch.SM90.value}" + (" --keep-ptx" if keep_ptx else "")
+    return cute.compile(
+        kernel,
+        a,
+        b,
+        c,
+        row_offsets,
+        counts,
+        bias,
+        row_scale,
+        workspace,
+        cutlass.Int32(0),
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=options,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- host API
+_CACHE = KernelCache(prefer="bundle")
+_SCRATCH: dict = {}
+
+
+def _scratch(device: torch.device):
+    """Per-device workspace (dynamic scheduler counter; zero at rest) and 1-element dummies."""
+    key = (device.type, device.index)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = (
+            torch.zeros(4, dtype=torch.int32, device=device),
+            torch.zeros(1, 1, dtype=torch.float32, device=device),
+            torch.zeros(1, dtype=torch.float32, device=device),
+        )
+    return _SCRATCH[key]
+
+
+def _check_common(a, w, row_offsets, counts, name_w):
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        raise TypeError(f"a: expected a 2-d tensor [max_rows, K], got {getattr(a, 'shape', type(a))}")
+    if a.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"a: expected bfloat16 or float16, got {a.dtype}")
+    if not a.is_cuda:
+        raise ValueError("a: the sm90 kernels need CUDA tensors")
+    if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype != a.dtype or w.shape[2] != a.shape[1]:
+        raise TypeError(f"{name_w}: expected [E, N, {a.shape[1]}] of {a.dtype}, got {getattr(w, 'shape', None)} {getattr(w, 'dtype', None)}")
+    num_experts = w.shape[0]
+    if row_offsets.dtype != torch.int32 or row_offsets.shape != (num_experts + 1,):
+        raise TypeError(f"row_offsets: expected int32 [{num_experts + 1}], got {row_offsets.dtype} {tuple(row_offsets.shape)}")
+    if counts.dtype != torch.int32 or counts.shape != (num_experts,):
+        raise TypeError(f"counts: expected int32 [{num_experts}], got {counts.dtype} {tuple(counts.shape)}")
+    if not (a.is_contiguous() and w.is_contiguous()):
+        raise ValueError("a, w: expected contiguous (K-major) tensors")
+
+
+def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, directory=None):
+    ok, why = can_implement(config, problem)
+    if not ok:
+        raise ValueError(f"config: {why}")
+    key = kernel_key(config, problem)
+    cache = _CACHE if directory is None else KernelCache(directory, prefer="bundle")
+    kernel = cache.get(key, lambda: compile_kernel(config, problem))
+    workspace, dummy_bias, dummy_scale = _scratch(a.device)
+    kernel(
+        a,
+        w,
+        out,
+        row_offsets,
+        counts,
+        bias if bias is not None else dummy_bias,
+        row_scale if row_scale is not None else dummy_scale,
+        workspace,
+        int(config.pair_threshold),
+    )
+    return out
+
+
+def sm90_grouped_gemm1(
+    a: torch.Tensor,
+    packed_w13: torch.Tensor,
+    row_offsets: torch.Tensor,
+    counts: torch.Tensor,
+    activation: Activation = Activation.SWIGLU,
+    b13: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: Sm90GemmConfig | None = None,
+    kernel_directory=None,
+) -> torch.Tensor:
+    """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13; b13 public [E, 2I]."""
+    _check_common(a, packed_w13, row_offsets, counts, "packed_w13")
+    activation = Activation.parse(activation)
+    num_experts, two_i, hidden = packed_w13.shape
+    problem = Sm90Problem(GemmKind.GEMM1, two_i, hidden, num_experts, a.dtype, activation, b13 is not None)
+    config = config or default_config(problem)
+    if out is None:
+        out = torch.empty(a.shape[0], two_i // 2, dtype=a.dtype, device=a.device)
+    bias = None
+    if b13 is not None:
+        if b13.shape != (num_experts, two_i):
+            raise TypeError(f"b13: expected [{num_experts}, {two_i}], got {tuple(b13.shape)}")
+        bias = pack_gate_up_rows(b13.float().unsqueeze(-1)).squeeze(-1).contiguous()
+    return _run(config, problem, a, packed_w13, out, row_offsets, counts, bias, None, kernel_directory)
+
+
+def sm90_grouped_gemm2(
+    a: torch.Tensor,
+    w2: torch.Tensor,
+    row_offsets: torch.Tensor,
+    counts: torch.Tensor,
+    row_scale: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: Sm90GemmConfig | None = None,
+    kernel_directory=None,
+) -> torch.Tensor:
+    """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H]."""
+    _check_common(a, w2, row_offsets, counts, "w2")
+    num_experts, hidden, inter = w2.shape
+    problem = Sm90Problem(GemmKind.GEMM2, hidden, inter, num_experts, a.dtype, None, b2 is not None, row_scale is not None)
+    config = config or default_config(problem)
+    if out is None:
+        out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
+    bias = None
+    if b2 is not None:
+        if b2.shape != (num_experts, hidden):
+            raise TypeError(f"b2: expected [{num_experts}, {hidden}], got {tuple(b2.shape)}")
+        bias = b2.float().contiguous()
+    if row_scale is not None:
+        if row_scale.shape != (a.shape[0],):
+            raise TypeError(f"row_scale: expected [{a.shape[0]}], got {tuple(row_scale.shape)}")
+        row_scale = row_scale.float().contiguous()
+    return _run(config, problem, a, w2, out, row_offsets, counts, bias, row_scale, kernel_directory)
+
+
+# ---------------------------------------------------------------------------------------------- presets
+def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
+    """The kernels a model preset needs: GEMM1 and GEMM2, prefill (128-row pairs) and decode (64-row) tiles."""
+    dtype = torch.bfloat16
+    gemm1 = Sm90Problem(GemmKind.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, dtype,
+                        preset.activation, preset.has_bias)
+    gemm2 = Sm90Problem(GemmKind.GEMM2, preset.hidden, preset.intermediate, preset.num_experts, dtype,
+                        None, preset.has_bias, True)
+    out = []
+    for problem in (gemm1, gemm2):
+        for tokens in (None, 16):
+            cfg = default_config(problem, tokens)
+            if (cfg, problem) not in out:
+                out.append((cfg, problem))
+    return out
+
+
+def compile_for_preset(preset, out_dir, keep_ptx: bool = False, extra_configs=()) -> list:
+    """Compile and export every kernel of `preset` (plus `extra_configs` [(config, problem)]) into out_dir."""
+    from .cute_runtime import export_kernel
+
+    written = []
+    for config, problem in list(preset_configs(preset)) + list(extra_configs):
+        compiled = compile_kernel(config, problem, keep_ptx=keep_ptx)
+        key = kernel_key(config, problem)
+        path = export_kernel(
+            compiled,
+            key,
+            out_dir,
+            keep_ptx,
+            smem_bytes=smem_bytes(config, resolve_stages(config)),
+            info={"config": _config_json(config), "problem": _problem_json(problem)},
+        )
+        written.append(path)
+    return written
+
+
+def _config_json(config: Sm90GemmConfig) -> dict:
+    return {
+        "tile": [config.tile_m, config.tile_n, config.tile_k],
+        "stages": resolve_stages(config),
+        "work_unit": config.work_unit.value,
+        "scheduler": config.scheduler.value,
+        "raster": config.raster.value,
+        "pair_threshold": config.pair_threshold,
+    }
+
+
+def _problem_json(problem: Sm90Problem) -> dict:
+    return {
+        "kind": problem.kind.value,
+        "n": problem.n,
+        "k": problem.k,
+        "num_experts": problem.num_experts,
+        "dtype": _dtype_name(problem.dtype),
+        "epilogue": problem.epilogue,
+    }

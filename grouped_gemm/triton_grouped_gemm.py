@@ -1,0 +1,501 @@
+"""Portable Triton grouped GEMM over the padded expert-order layout (docs/design.md, "Grouped GEMM").
+
+One kernel family, two entry points:
+- GEMM1 (gated): out[r, n] = act(a[r] @ w13[e, n] + b13[e, n], a[r] @ w13[e, I + n] + b13[e, I + n]),
+  w13 in the public layout [E, 2I, H]; each program loads the gate block (rows n) and the up block
+  (rows I + n) of the same N tile, keeps two fp32 accumulators and applies the activation in registers,
+  so no prepacking is needed. Optional fused gather: with `a_rows` the A rows come from a compact token
+  matrix, a[a_rows[r]] (a_rows[r] == -1 loads zeros), which skips materializing the gathered a1.
+- GEMM2 (plain): y[r, n] = (a[r] @ w2[e, n] + b2[e, n]) * row_scale[r].
+
+Work decomposition. A tile is (m_tile, n_tile): m_tile is a linear tile index over the experts' valid rows
+for tile height block_m (tile_offsets[h_index] is the exclusive prefix sum of ceil(counts / block_m)); the
+expert of an m_tile is the number of experts whose tile range ends at or before it (one vector compare over
+tile_offsets[1:], loaded once per program). Row of the tile: row_offsets[e] + local_tile * block_m.
+The grid is persistent: min(num_SMs * programs_per_sm, a static bound on tiles) programs stride over the
+linear tile ids; the tile count, tile_offsets[h_index, E] * n_tiles, is read on the device, so there is no
+host sync and a launch can be captured in a CUDA graph and replayed with another routing.
+Raster: tile ids are grouped by `group_m` m-tiles that sweep all N tiles together (group_m = 1: programs
+running together share A rows; large group_m: they share the weight tile of one expert).
+
+Warps and pipelines: no warp specialization; all `num_warps` warps of a program load and multiply. Triton
+software-pipelines the K loop `num_stages` deep (async copies into shared memory, the "full" side is the
+copy's completion, the "empty" side the previous dot's completion); tl.dot lowers to wgmma on sm_90 for
+block_m >= 64 and to mma.sync otherwise. Accumulation is fp32; the epilogue (bias, activation, row scale)
+runs on the fp32 accumulators and stores in the output dtype.
+
+Limits: a and the weights share one dtype in {float16, bfloat16, float32} (float32 multiplies in IEEE
+fp32); rows are masked by counts[e], so only valid rows are read (A rows past the count are clamped to the
+last valid row) and written (padding rows of `out` keep what they held); block sizes are powers of two,
+block_k >= 16; any K and N (tails are masked); 64-bit addressing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation
+
+__all__ = [
+    "DEFAULT_TILE_HEIGHTS",
+    "GemmStage",
+    "GroupedGemmProblem",
+    "TritonGemmConfig",
+    "can_implement",
+    "default_config",
+    "triton_grouped_gemm1",
+    "triton_grouped_gemm2",
+]
+
+DEFAULT_TILE_HEIGHTS = (16, 64, 128, 256)
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DEFAULT_SMEM_PER_BLOCK = 227 * 1024  # H100/H200 opt-in limit; the wrappers read the real device's
+_MAX_ACC_REGS_PER_THREAD = 128  # fp32 accumulator registers a thread may hold before spilling is likely
+_OAI_ALPHA = tl.constexpr(SWIGLU_OAI_ALPHA)
+_OAI_LIMIT = tl.constexpr(SWIGLU_OAI_LIMIT)
+_ACTIVATION_CODE = {Activation.SWIGLU: 0, Activation.GELU_GATED: 1, Activation.SWIGLU_OAI: 2}
+
+
+class GemmStage(enum.Enum):
+    GEMM1 = "gemm1"  # gated: two weight blocks, activation epilogue, output I columns
+    GEMM2 = "gemm2"  # plain: one weight block, optional bias and row scale, output H columns
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedGemmProblem:
+    """Static facts of one grouped GEMM launch (never the exact token count of a batch).
+
+    n: output columns (I for GEMM1, H for GEMM2); k: reduction length (H for GEMM1, I for GEMM2);
+    routed_rows: T * top_k, used only to pick a tokens-per-expert bucket.
+    """
+
+    stage: GemmStage
+    num_experts: int
+    n: int
+    k: int
+    routed_rows: int
+    dtype: torch.dtype = torch.bfloat16
+    tile_heights: tuple[int, ...] = DEFAULT_TILE_HEIGHTS
+    num_sms: int = 132
+    smem_per_block: int = _DEFAULT_SMEM_PER_BLOCK
+
+    @property
+    def weight_blocks(self) -> int:
+        return 2 if self.stage is GemmStage.GEMM1 else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonGemmConfig:
+    """One compiled variant. block_m must be one of the dispatch tile heights."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 8  # m-tiles that sweep the N tiles together (tile raster)
+    programs_per_sm: int = 1  # persistent grid = num_SMs * programs_per_sm (capped by the tile bound)
+
+    def smem_bytes(self, problem: GroupedGemmProblem) -> int:
+        elem = torch.finfo(problem.dtype).bits // 8
+        per_stage = (self.block_m * self.block_k + problem.weight_blocks * self.block_n * self.block_k) * elem
+        return self.num_stages * per_stage  # Triton 3.x allocates num_stages buffers of A and B
+
+    def acc_regs_per_thread(self, problem: GroupedGemmProblem) -> int:
+        return problem.weight_blocks * self.block_m * self.block_n // (self.num_warps * 32)
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+def can_implement(config: TritonGemmConfig, problem: GroupedGemmProblem) -> tuple[bool, str]:
+    """Whether this config can run this problem; the reason names what is off."""
+    if not isinstance(config, TritonGemmConfig):
+        return False, f"config: expected TritonGemmConfig, got {type(config).__name__}"
+    if problem.dtype not in _SUPPORTED_DTYPES:
+        return False, f"dtype {problem.dtype} not in {_SUPPORTED_DTYPES}"
+    if min(problem.num_experts, problem.n, problem.k) < 1 or problem.routed_rows < 0:
+        return False, "num_experts, n, k must be >= 1 and routed_rows >= 0"
+    if config.block_m not in problem.tile_heights:
+        return False, f"block_m {config.block_m} is not a dispatch tile height {problem.tile_heights}"
+    for name in ("block_m", "block_n", "block_k", "num_warps", "group_m"):
+        if not _is_pow2(getattr(config, name)):
+            return False, f"{name} {getattr(config, name)} is not a power of two"
+    if config.block_m < 16 or config.block_n < 16 or config.block_k < 16:
+        return False, "block_m, block_n, block_k must be >= 16 (tl.dot minimum)"
+    if config.num_warps > 16:
+        return False, f"num_warps {config.num_warps} > 16"
+    if config.num_stages < 1 or config.programs_per_sm < 1:
+        return False, "num_stages and programs_per_sm must be >= 1"
+    smem = config.smem_bytes(problem)
+    if smem > problem.smem_per_block:
+        return False, f"shared memory {smem} B for {config.num_stages} stages > {problem.smem_per_block} B"
+    regs = config.acc_regs_per_thread(problem)
+    if regs > _MAX_ACC_REGS_PER_THREAD:
+        return False, f"{regs} fp32 accumulator registers per thread > {_MAX_ACC_REGS_PER_THREAD}"
+    return True, ""
+
+
+def _expected_active_experts(routed_rows: int, num_experts: int) -> float:
+    """Experts with at least one row when routed_rows rows land uniformly on num_experts experts."""
+    if routed_rows == 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** routed_rows)
+
+
+def _nearest_height(wanted: int, heights: tuple[int, ...]) -> int:
+    return min(heights, key=lambda h: (abs(math.log2(h) - math.log2(wanted)), h))
+
+
+def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
+    """Analytic choice by rows-per-active-expert bucket (decode / small / prefill), never by exact M.
+
+    Decode (<= 16 rows per active expert) is bound by streaming the active experts' weights: block_m 16,
+    a long block_k, and the widest block_n that still gives every SM a tile. Prefill is bound by the tensor
+    cores: 128-row tiles, 128-wide N (GEMM1 holds two accumulators, so 128 x 256 of output work).
+    """
+    active = max(1.0, _expected_active_experts(problem.routed_rows, problem.num_experts))
+    rows_per_active = problem.routed_rows / active
+    if rows_per_active <= 16:
+        block_m = _nearest_height(16, problem.tile_heights)
+        m_tiles = active * max(1, math.ceil(rows_per_active / block_m))
+        block_n = 32
+        for candidate in (128, 64, 32):
+            if m_tiles * math.ceil(problem.n / candidate) >= problem.num_sms:
+                block_n = candidate
+                break
+        block_k = 256 if problem.k >= 1024 else 128
+        config = TritonGemmConfig(block_m, block_n, block_k, num_warps=4, num_stages=4, group_m=1,
+                                  programs_per_sm=2)
+    elif rows_per_active <= 64:
+        block_m = _nearest_height(64, problem.tile_heights)
+        config = TritonGemmConfig(block_m, 64, 128, num_warps=4, num_stages=4, group_m=4, programs_per_sm=2)
+    else:
+        block_m = _nearest_height(128, problem.tile_heights)
+        config = TritonGemmConfig(block_m, 128, 64, num_warps=8, num_stages=4, group_m=8, programs_per_sm=1)
+    # Shrink stages (then block_k) until it fits the device's shared memory.
+    while not can_implement(config, problem)[0] and config.num_stages > 2:
+        config = dataclasses.replace(config, num_stages=config.num_stages - 1)
+    while not can_implement(config, problem)[0] and config.block_k > 32:
+        config = dataclasses.replace(config, block_k=config.block_k // 2)
+    return config
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Kernel (decorated lazily: Triton picks compiled vs interpreted mode when a function is decorated, and we
+# read nothing from the environment at import time). The kernel calls only Triton builtins (no jit'd
+# helpers of triton.language.standard such as tl.sum or tl.cdiv), so it also runs in the interpreter when
+# triton itself was imported in compiled mode.
+
+
+@triton.jit
+def _add(x, y):
+    return x + y
+
+
+
+def _grouped_gemm_kernel(
+    a_ptr, a_rows_ptr, w_ptr, bias_ptr, row_scale_ptr, out_ptr,
+    row_offsets_ptr, counts_ptr, tile_offsets_ptr,
+    num_experts, N, K,
+    stride_am, stride_ak,
+    stride_we, stride_wn, stride_wk, up_offset,
+    stride_be, stride_bn,
+    stride_om, stride_on,
+    num_programs,
+    GATED: tl.constexpr, ACTIVATION: tl.constexpr, GATHER: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    # Tile ends per expert, loaded once: expert(m_tile) = #experts whose tiles end at or before m_tile.
+    offs_e = tl.arange(0, BLOCK_E)
+    tile_ends = tl.load(tile_offsets_ptr + 1 + offs_e, mask=offs_e < num_experts, other=2147483647)
+    m_tiles = tl.load(tile_offsets_ptr + num_experts)
+    n_tiles = (N + BLOCK_N - 1) // BLOCK_N
+    total_tiles = m_tiles * n_tiles
+    tiles_per_group = GROUP_M * n_tiles
+
+    for tile in range(pid, total_tiles, num_programs):
+        # Raster: GROUP_M m-tiles sweep all N tiles together.
+        group = tile // tiles_per_group
+        first_m = group * GROUP_M
+        group_size = tl.minimum(m_tiles - first_m, GROUP_M)
+        in_group = tile % tiles_per_group
+        m_tile = first_m + in_group % group_size
+        n_tile = in_group // group_size
+
+        expert = tl.reduce((tile_ends <= m_tile).to(tl.int32), 0, _add)
+        local_tile = m_tile - tl.load(tile_offsets_ptr + expert)
+        row_base = tl.load(row_offsets_ptr + expert)
+        count = tl.load(counts_ptr + expert)
+
+        local_rows = local_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_valid = local_rows < count
+        rows = (row_base + tl.minimum(local_rows, count - 1)).to(tl.int64)  # clamped: always a valid row
+        if GATHER:
+            src_rows = tl.load(a_rows_ptr + rows)
+            a_row_ok = src_rows >= 0
+            a_row_off = tl.maximum(src_rows, 0).to(tl.int64) * stride_am
+        else:
+            a_row_off = rows * stride_am
+
+        offs_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < N
+        w_n = (offs_n % N).to(tl.int64)  # wrapped, so weight loads need no N mask
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + a_row_off[:, None] + offs_k[None, :] * stride_ak
+        w_base = w_ptr + expert.to(tl.int64) * stride_we
+        wg_ptrs = w_base + w_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BLOCK_K, BLOCK_N]
+        if GATED:
+            wu_ptrs = wg_ptrs + up_offset  # rows I + n
+            acc_up = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                if GATHER:
+                    a = tl.load(a_ptrs, mask=a_row_ok[:, None], other=0.0)
+                else:
+                    a = tl.load(a_ptrs)
+                wg = tl.load(wg_ptrs)
+                if GATED:
+                    wu = tl.load(wu_ptrs)
+            else:
+                k_ok = (k0 + offs_k) < K
+                if GATHER:
+                    a = tl.load(a_ptrs, mask=a_row_ok[:, None] & k_ok[None, :], other=0.0)
+                else:
+                    a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+                wg = tl.load(wg_ptrs, mask=k_ok[:, None], other=0.0)
+                if GATED:
+                    wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(a, wg, acc, input_precision=DOT_PRECISION)
+            if GATED:
+                acc_up = tl.dot(a, wu, acc_up, input_precision=DOT_PRECISION)
+                wu_ptrs += BLOCK_K * stride_wk
+            a_ptrs += BLOCK_K * stride_ak
+            wg_ptrs += BLOCK_K * stride_wk
+
+        # Epilogue on fp32 accumulators.
+        if HAS_BIAS:
+            b_base = bias_ptr + expert.to(tl.int64) * stride_be
+            acc += tl.load(b_base + w_n * stride_bn).to(tl.float32)[None, :]
+            if GATED:
+                acc_up += tl.load(b_base + (w_n + N) * stride_bn).to(tl.float32)[None, :]
+        if GATED:
+            gate = acc
+            up = acc_up
+            if ACTIVATION == 0:  # SWIGLU: silu(gate) * up
+                result = gate / (1.0 + tl.exp(-gate)) * up
+            elif ACTIVATION == 1:  # GELU_GATED: gelu_erf(gate) * up
+                result = 0.5 * gate * (1.0 + tl.math.erf(gate * 0.7071067811865476)) * up
+            else:  # SWIGLU_OAI (gpt-oss)
+                gate = tl.minimum(gate, _OAI_LIMIT)
+                up = tl.minimum(tl.maximum(up, -_OAI_LIMIT), _OAI_LIMIT)
+                result = (up + 1.0) * (gate / (1.0 + tl.exp(gate * -_OAI_ALPHA)))
+        else:
+            result = acc
+        if HAS_ROW_SCALE:
+            result = result * tl.load(row_scale_ptr + rows).to(tl.float32)[:, None]
+        out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :].to(tl.int64) * stride_on
+        tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & n_valid[None, :])
+
+
+@functools.lru_cache(maxsize=2)
+def _jitted_kernel(interpret: bool):
+    del interpret  # part of the cache key only: triton reads its mode when decorating
+    # num_programs varies with the batch; specializing on it (== 1, % 16) would recompile per bucket of T.
+    return triton.jit(_grouped_gemm_kernel, do_not_specialize=["num_programs"])
+
+
+def _kernel():
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4; older versions read the variable directly
+    if knobs is not None:
+        return _jitted_kernel(bool(knobs.runtime.interpret))
+    import os
+
+    return _jitted_kernel(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+
+
+@functools.lru_cache(maxsize=16)
+def _device_limits(device_index: int) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(device_index)
+    smem = getattr(props, "shared_memory_per_block_optin", _DEFAULT_SMEM_PER_BLOCK)
+    return props.multi_processor_count, int(smem)
+
+
+def _limits_for(device: torch.device) -> tuple[int, int]:
+    if device.type == "cuda":
+        return _device_limits(device.index if device.index is not None else torch.cuda.current_device())
+    return 4, _DEFAULT_SMEM_PER_BLOCK  # interpreter on the CPU: a few programs, to exercise the tile loop
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Host wrappers.
+
+
+def _check_int32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32 or tuple(t.shape) != shape or t.device != device:
+        raise ValueError(f"{name}: expected int32 {list(shape)} on {device}, got {t.dtype} {list(t.shape)} on {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def _launch(
+    stage: GemmStage,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    row_offsets: torch.Tensor,
+    counts: torch.Tensor,
+    tile_offsets: torch.Tensor,
+    activation: Activation | None,
+    bias: torch.Tensor | None,
+    row_scale: torch.Tensor | None,
+    a_rows: torch.Tensor | None,
+    out: torch.Tensor | None,
+    config: TritonGemmConfig | None,
+    tile_heights: tuple[int, ...],
+) -> torch.Tensor:
+    w_name = "w13" if stage is GemmStage.GEMM1 else "w2"
+    b_name = "b13" if stage is GemmStage.GEMM1 else "b2"
+    for name, t in (("a", a), (w_name, w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if a.dim() != 2:
+        raise ValueError(f"a: expected 2-D [rows, K], got shape {list(a.shape)}")
+    if w.dim() != 3:
+        raise ValueError(f"{w_name}: expected 3-D [E, N, K], got shape {list(w.shape)}")
+    if a.dtype not in _SUPPORTED_DTYPES or w.dtype != a.dtype:
+        raise ValueError(f"a, {w_name}: expected one dtype in {_SUPPORTED_DTYPES}, got {a.dtype} and {w.dtype}")
+    device = a.device
+    if w.device != device:
+        raise ValueError(f"{w_name}: expected device {device}, got {w.device}")
+    num_experts, w_rows, k_dim = w.shape
+    if a.shape[1] != k_dim:
+        raise ValueError(f"a: expected {k_dim} columns (K of {w_name}), got {a.shape[1]}")
+    if stage is GemmStage.GEMM1:
+        if w_rows % 2:
+            raise ValueError(f"w13: expected an even row count 2I, got {w_rows}")
+        n_dim = w_rows // 2
+    else:
+        n_dim = w_rows
+    tile_heights = tuple(int(h) for h in tile_heights)
+    _check_int32("row_offsets", row_offsets, (num_experts + 1,), device)
+    _check_int32("counts", counts, (num_experts,), device)
+    _check_int32("tile_offsets", tile_offsets, (len(tile_heights), num_experts + 1), device)
+    if a_rows is not None:
+        if a_rows.dim() != 1:
+            raise ValueError(f"a_rows: expected 1-D [max_rows], got shape {list(a_rows.shape)}")
+        _check_int32("a_rows", a_rows, (a_rows.shape[0],), device)
+        max_rows = a_rows.shape[0]
+    else:
+        max_rows = a.shape[0]
+    if bias is not None:
+        if bias.shape != (num_experts, w_rows) or bias.device != device or not bias.is_floating_point():
+            raise ValueError(f"{b_name}: expected float [{num_experts}, {w_rows}] on {device}, got "
+                             f"{bias.dtype} {list(bias.shape)} on {bias.device}")
+    if row_scale is not None:
+        if row_scale.shape != (max_rows,) or row_scale.device != device or not row_scale.is_floating_point():
+            raise ValueError(f"row_scale: expected float [{max_rows}] on {device}, got "
+                             f"{row_scale.dtype} {list(row_scale.shape)} on {row_scale.device}")
+    if out is None:
+        out = torch.empty(max_rows, n_dim, dtype=a.dtype, device=device)
+    elif out.shape != (max_rows, n_dim) or out.dtype != a.dtype or out.device != device:
+        raise ValueError(f"out: expected {a.dtype} [{max_rows}, {n_dim}] on {device}, got "
+                         f"{out.dtype} {list(out.shape)} on {out.device}")
+
+    num_sms, smem = _limits_for(device)
+    if config is None:
+        # routed_rows estimate for the bucket: max_rows minus the worst-case padding (static facts only).
+        problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max(0, max_rows - num_experts * 127),
+                                     a.dtype, tile_heights, num_sms, smem)
+        config = default_config(problem)
+    else:
+        problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max_rows, a.dtype, tile_heights, num_sms,
+                                     smem)
+    ok, reason = can_implement(config, problem)
+    if not ok:
+        raise ValueError(f"config: {reason}")
+    if max_rows == 0:
+        return out
+
+    h_index = tile_heights.index(config.block_m)
+    n_tiles = -(-n_dim // config.block_n)
+    tile_bound = (-(-max_rows // config.block_m) + num_experts) * n_tiles
+    num_programs = max(1, min(num_sms * config.programs_per_sm, tile_bound))
+    dummy = out  # stands in for absent optional pointers (never read: their constexpr flag is off)
+    _kernel()[(num_programs,)](
+        a, a_rows if a_rows is not None else dummy, w,
+        bias if bias is not None else dummy, row_scale if row_scale is not None else dummy, out,
+        row_offsets, counts, tile_offsets[h_index],
+        num_experts, n_dim, k_dim,
+        a.stride(0), a.stride(1),
+        w.stride(0), w.stride(1), w.stride(2), n_dim * w.stride(1),
+        bias.stride(0) if bias is not None else 0, bias.stride(1) if bias is not None else 0,
+        out.stride(0), out.stride(1),
+        num_programs,
+        GATED=stage is GemmStage.GEMM1,
+        ACTIVATION=_ACTIVATION_CODE[activation] if activation is not None else 0,
+        GATHER=a_rows is not None,
+        HAS_BIAS=bias is not None,
+        HAS_ROW_SCALE=row_scale is not None,
+        EVEN_K=k_dim % config.block_k == 0,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        BLOCK_E=max(16, 1 << (num_experts - 1).bit_length()),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
+
+
+def triton_grouped_gemm1(
+    a: torch.Tensor,
+    w13: torch.Tensor,
+    row_offsets: torch.Tensor,
+    counts: torch.Tensor,
+    tile_offsets: torch.Tensor,
+    activation: Activation | str = Activation.SWIGLU,
+    b13: torch.Tensor | None = None,
+    a_rows: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: TritonGemmConfig | None = None,
+    tile_heights: tuple[int, ...] = DEFAULT_TILE_HEIGHTS,
+) -> torch.Tensor:
+    """GEMM1 with the fused gated activation -> [max_rows, I] in a.dtype (valid rows written).
+
+    a: [max_rows, H] in the padded expert layout, or with `a_rows` ([max_rows] int32, -1 = zeros) the
+    compact token matrix [T, H] read through a_rows. w13: [E, 2I, H] (gate rows, then up rows).
+    """
+    return _launch(GemmStage.GEMM1, a, w13, row_offsets, counts, tile_offsets, Activation.parse(activation),
+                   b13, None, a_rows, out, config, tile_heights)
+
+
+def triton_grouped_gemm2(
+    a: torch.Tensor,
+    w2: torch.Tensor,
+    row_offsets: torch.Tensor,
+    counts: torch.Tensor,
+    tile_offsets: torch.Tensor,
+    row_scale: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: TritonGemmConfig | None = None,
+    tile_heights: tuple[int, ...] = DEFAULT_TILE_HEIGHTS,
+) -> torch.Tensor:
+    """GEMM2 -> [max_rows, H] in a.dtype: y[r] = (a[r] @ w2[e].T + b2[e]) * row_scale[r] (valid rows written).
+
+    a: [max_rows, I] in the padded expert layout; w2: [E, H, I]; row_scale: [max_rows] float or None.
+    """
+    return _launch(GemmStage.GEMM2, a, w2, row_offsets, counts, tile_offsets, None, b2, row_scale, None, out,
+                   config, tile_heights)

@@ -1,0 +1,594 @@
+"""Public API: route, fused_moe, is_supported, MoELayer.
+
+One forward (docs/design.md):
+
+    router_logits [T, E_g] --route--> (topk_weights [T, k] fp32, topk_ids [T, k] int32)
+      --dispatch--> padded expert-order metadata --gather--> a1 --GEMM1 + activation--> a2
+      --GEMM2--> y --combine (fixed slot order, fp32)--> out [T, H] in hidden's dtype
+
+Backends (moe2cta.config.Backend):
+- TORCH: the torch twins of every stage (moe_forward_reference's pipeline); any device; reads ids back to
+  the host (it is the reference, not a fast path).
+- TRITON: moe2cta.router.api (Triton route / dispatch / gather / combine) + grouped_gemm.triton_grouped_gemm
+  (GEMM1 reads the token rows directly through `a_rows`, no gathered copy). CUDA; on CPU only with
+  TRITON_INTERPRET=1 set and backend chosen explicitly (tests).
+- CUTE: Triton router + the CuTe DSL grouped GEMMs (sm90_grouped_gemm on sm_90, sm100_grouped_gemm on
+  sm_100) on w13 prepacked once (MoELayer) for the fused activation.
+- AUTO: CUTE if supported, else TRITON if supported, else TORCH; each step down is explained in
+  `MoELayer.backend_reason`. An explicitly requested backend that cannot run the problem raises ValueError
+  with is_supported's reason.
+
+Hot path: for TRITON / CUTE on CUDA, fused_moe and MoELayer.__call__ do no host sync: validation reads
+shapes, dtypes and devices only (IdCheck.AUTO skips the value range check of topk_ids there), and every
+buffer is sized from T, k, E and align.
+
+NaN / inf router logits (defined by the router twin, router/reference.py; nothing scans for them, that
+would need a sync): selection treats NaN as lower than every number, ties go to the lower expert index, and
+no token's NaN reaches another token. SOFTMAX: a NaN or +inf logit makes that token's softmax row NaN, so
+the token takes experts 0..k-1 with NaN weights and its output row is NaN. TOPK_SOFTMAX, SIGMOID_TOP1,
+SIGMOID_GROUPED: a NaN expert is never chosen while k numbers remain and the weights stay finite, except
++inf under TOPK_SOFTMAX (NaN weights for that token). -inf logits are ordinary (probability 0). NaN / inf in
+hidden or the weights propagate through the arithmetic like in any matmul.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import torch
+
+from .config import Backend, IdCheck, MoEConfig
+from .grouped_gemm import Activation
+from .reference import RouterWeightOn, moe_forward_reference
+from .router import RoutingConfig, Scoring
+from .router.reference import route_reference
+from .validation import (
+    FLOAT_DTYPES,
+    MoEProblem,
+    check_logits,
+    check_weights,
+    require_tensor,
+    validate_moe,
+)
+
+__all__ = ["route", "fused_moe", "is_supported", "MoELayer"]
+
+# Limits of the Triton router kernels, used when router/routing_triton.py does not state its own.
+TRITON_ROUTER_MAX_EXPERTS = 512
+TRITON_ROUTER_MAX_TOP_K = 16
+# CuTe GEMM families: K-major TMA tiles need K and N multiples of the 64-element K tile; pair tiles need
+# expert row blocks that are multiples of 128 rows.
+CUTE_DIM_MULTIPLE = 64
+CUTE_ALIGN_MULTIPLE = 128
+CUTE_ARCH_MODULES = {(9, 0): "sm90_grouped_gemm", (10, 0): "sm100_grouped_gemm"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Optional modules, imported when first needed (never at package import).
+
+
+@functools.lru_cache(maxsize=None)
+def _optional_module(name: str):
+    """(module, "") or (None, reason) for moe2cta.<name>; a missing or broken module is a reason, not a crash."""
+    try:
+        return importlib.import_module(f"moe2cta.{name}"), ""
+    except ModuleNotFoundError as exc:
+        return None, f"module moe2cta.{name} is not available ({exc})"
+    except Exception as exc:  # noqa: BLE001 - a broken optional backend must not break the torch path
+        return None, f"module moe2cta.{name} failed to import ({type(exc).__name__}: {exc})"
+
+
+def _router_api():
+    module, reason = _optional_module("router.api")
+    if module is None:
+        raise RuntimeError(reason)
+    return module
+
+
+def _triton_router_backend():
+    return _router_api().RouterBackend.TRITON
+
+
+def _interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Support checks.
+
+
+def _layer_support(
+    backend: Backend,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    hidden: int,
+    intermediate: int,
+    num_experts: int,
+    num_global_experts: int,
+    config: MoEConfig,
+) -> tuple[bool, str]:
+    """Whether `backend` (not AUTO) can run a layer with these static facts; the reason names what is off."""
+    if backend is Backend.TORCH:
+        return True, ""
+    name = backend.value
+    if backend is Backend.TRITON:
+        if device.type != "cuda" and not (device.type == "cpu" and _interpreter_on()):
+            return False, f"{name}: needs a CUDA device (or TRITON_INTERPRET=1 on CPU), tensors are on {device}"
+        if dtype not in FLOAT_DTYPES:
+            return False, f"{name}: dtype {dtype} not supported"
+    else:  # CUTE
+        if device.type != "cuda":
+            return False, f"{name}: needs a CUDA sm_90 / sm_100 device, tensors are on {device}"
+        capability = torch.cuda.get_device_capability(device)
+        if capability not in CUTE_ARCH_MODULES:
+            return False, f"{name}: needs sm_90 or sm_100, device is sm_{capability[0]}{capability[1]}"
+        if dtype not in (torch.bfloat16, torch.float16):
+            return False, f"{name}: needs bfloat16 or float16 tensors, got {dtype}"
+        for label, size in (("hidden size H", hidden), ("intermediate size I", intermediate)):
+            if size % CUTE_DIM_MULTIPLE:
+                return False, f"{name}: {label}={size} is not a multiple of {CUTE_DIM_MULTIPLE}"
+        if config.align % CUTE_ALIGN_MULTIPLE:
+            return False, f"{name}: align={config.align} is not a multiple of {CUTE_ALIGN_MULTIPLE}"
+        module, reason = _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")
+        if module is None:
+            return False, f"{name}: {reason}"
+        ok, reason = _cute_family_support(module, dtype, hidden, intermediate, num_experts, config)
+        if not ok:
+            return False, f"{name}: {reason}"
+        runtime, reason = _optional_module("grouped_gemm.cute_runtime")
+        if runtime is None:
+            return False, f"{name}: {reason}"
+        if not runtime.dsl_available() and runtime.kernel_dir() is None:
+            return False, (
+                f"{name}: neither the CuTe DSL compiler nor a kernel bundle (MOE2CTA_KERNEL_DIR) is available"
+            )
+    # Both GPU backends route, dispatch, gather and combine with the Triton router kernels.
+    router, reason = _optional_module("router.api")
+    if router is None:
+        return False, f"{name}: {reason}"
+    kernels, reason = _optional_module("router.routing_triton")
+    if kernels is None:
+        return False, f"{name}: {reason}"
+    max_experts = getattr(kernels, "MAX_EXPERTS", TRITON_ROUTER_MAX_EXPERTS)
+    max_top_k = getattr(kernels, "MAX_TOP_K", TRITON_ROUTER_MAX_TOP_K)
+    if max(num_global_experts, num_experts) > max_experts:
+        return False, f"{name}: the Triton router handles up to {max_experts} experts, got {num_global_experts}"
+    routing = config.routing
+    if routing is not None and routing.top_k > max_top_k:
+        return False, f"{name}: the Triton router handles top_k up to {max_top_k}, got {routing.top_k}"
+    if backend is Backend.TRITON:
+        gemm, reason = _optional_module("grouped_gemm.triton_grouped_gemm")
+        if gemm is None:
+            return False, f"{name}: {reason}"
+        rows = max(1, num_experts)  # bucket of one row per expert: a static, representative problem
+        for stage, n, k in ((gemm.GemmStage.GEMM1, intermediate, hidden), (gemm.GemmStage.GEMM2, hidden, intermediate)):
+            problem = gemm.GroupedGemmProblem(stage, num_experts, n, k, rows, dtype, tuple(config.tile_heights))
+            ok, why = gemm.can_implement(gemm.default_config(problem), problem)
+            if not ok:
+                return False, f"{name}: {stage.value} (N={n}, K={k}): {why}"
+    return True, ""
+
+
+def _cute_family_support(module, dtype, hidden, intermediate, num_experts, config: MoEConfig) -> tuple[bool, str]:
+    """Ask the arch's CuTe family (its default_config + can_implement) about both GEMMs of the layer."""
+    family = module.__name__.rsplit(".", 1)[-1]
+    prefix = family.split("_", 1)[0]
+    for function in (f"{prefix}_grouped_gemm1", f"{prefix}_grouped_gemm2"):
+        if not callable(getattr(module, function, None)):
+            return False, f"{family} has no {function} yet"
+    has_bias = False  # biases do not change which tiles fit
+    if prefix == "sm90":
+        problems = (
+            module.Sm90Problem(module.GemmKind.GEMM1, 2 * intermediate, hidden, num_experts, dtype, config.activation, has_bias),
+            module.Sm90Problem(module.GemmKind.GEMM2, hidden, intermediate, num_experts, dtype, None, has_bias),
+        )
+    else:
+        dtype_name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+        problems = (
+            module.Sm100Problem(module.GemmStage.GEMM1, 2 * intermediate, hidden, num_experts, dtype_name, config.activation),
+            module.Sm100Problem(module.GemmStage.GEMM2, hidden, intermediate, num_experts, dtype_name),
+        )
+    for label, problem in zip(("gemm1", "gemm2"), problems):
+        try:
+            ok, why = module.can_implement(module.default_config(problem), problem)
+        except ValueError as exc:
+            ok, why = False, str(exc)
+        if not ok:
+            return False, f"{family} {label}: {why}"
+    return True, ""
+
+
+def _select_backend(requested: Backend, **facts) -> tuple[Backend, str]:
+    """Resolve AUTO (CUTE -> TRITON -> TORCH) and explain; an explicit unsupported backend raises ValueError."""
+    if requested is not Backend.AUTO:
+        ok, reason = _layer_support(requested, **facts)
+        if not ok:
+            raise ValueError(f"backend: {requested.value} cannot run this layer: {reason}")
+        return requested, f"{requested.value}: requested"
+    skipped = []
+    for candidate in (Backend.CUTE, Backend.TRITON):
+        if candidate is Backend.TRITON and facts["device"].type != "cuda":
+            skipped.append(f"triton: needs a CUDA device, tensors are on {facts['device']}")
+            continue
+        ok, reason = _layer_support(candidate, **facts)
+        if ok:
+            return candidate, "; ".join(skipped + [f"auto -> {candidate.value}"])
+        skipped.append(reason)
+    return Backend.TORCH, "; ".join(skipped + ["auto -> torch"])
+
+
+def is_supported(
+    backend: Backend | str,
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    routing: RoutingConfig | None = None,
+    activation: Activation | str = Activation.SWIGLU,
+    router_weight_on: RouterWeightOn | str = RouterWeightOn.OUTPUT,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    align: int = 128,
+) -> tuple[bool, str]:
+    """(True, "") if `backend` can run this layer, else (False, reason). AUTO: always (True, the choice).
+
+    Malformed inputs are not a support question: they raise ValueError / TypeError as in fused_moe.
+    """
+    backend = Backend.parse(backend)
+    config = MoEConfig(routing, activation, router_weight_on, align)
+    num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map)
+    require_tensor("hidden", hidden, ndim=2, dtypes=FLOAT_DTYPES)
+    if hidden.shape[1] != hidden_size:
+        raise ValueError(f"hidden: expected shape [T, {hidden_size}] (H from w13 [E, 2I, H]), got {tuple(hidden.shape)}")
+    if hidden.dtype != w13.dtype:
+        return False, f"{backend.value}: hidden is {hidden.dtype} but w13 is {w13.dtype}"
+    if hidden.device != w13.device:
+        return False, f"{backend.value}: hidden is on {hidden.device} but w13 is on {w13.device}"
+    facts = dict(
+        dtype=hidden.dtype,
+        device=hidden.device,
+        hidden=hidden_size,
+        intermediate=intermediate,
+        num_experts=num_experts,
+        num_global_experts=num_global,
+        config=config,
+    )
+    if backend is Backend.AUTO:
+        chosen, reason = _select_backend(Backend.AUTO, **facts)
+        return True, reason
+    return _layer_support(backend, **facts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Routing.
+
+
+def route(
+    logits: torch.Tensor,
+    routing: RoutingConfig,
+    e_score_correction_bias: torch.Tensor | None = None,
+    *,
+    backend: Backend | str = Backend.AUTO,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] -> (topk_weights [T, k] fp32, topk_ids [T, k] int32). Ties: lower expert index wins.
+
+    AUTO: the Triton router on CUDA when moe2cta.router.api is present, else the torch twin. CUTE routes
+    with the Triton router (it has no router of its own).
+    """
+    backend = Backend.parse(backend)
+    check_logits(logits, routing, None, e_score_correction_bias, name="logits")
+    if backend is Backend.AUTO:
+        use_triton = logits.device.type == "cuda" and _optional_module("router.api")[0] is not None
+        backend = Backend.TRITON if use_triton else Backend.TORCH
+    if backend is Backend.TORCH:
+        return route_reference(logits, routing, e_score_correction_bias)
+    if logits.device.type != "cuda" and not _interpreter_on():
+        raise ValueError(f"backend: {backend.value} routes on CUDA (or TRITON_INTERPRET=1), logits are on {logits.device}")
+    api = _router_api()
+    return api.route(logits, routing, e_score_correction_bias, backend=_triton_router_backend())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Backend adapters: (layer, hidden, topk_weights fp32, topk_ids int32, dispatch) -> out [T, H].
+
+
+def _forward_torch(layer: "MoELayer", hidden, topk_weights, topk_ids, disp=None):
+    del disp  # the twin pipeline builds its own dispatch
+    config = layer.config
+    return moe_forward_reference(
+        hidden,
+        layer.w13,
+        layer.w2,
+        None,
+        config.routing,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        activation=config.activation,
+        b13=layer.b13,
+        b2=layer.b2,
+        expert_map=layer.expert_map,
+        router_weight_on=config.router_weight_on,
+        align=config.align,
+    )
+
+
+def _dispatch_gpu(layer: "MoELayer", topk_ids):
+    config = layer.config
+    return _router_api().dispatch(
+        topk_ids,
+        layer.num_experts,
+        align=config.align,
+        tile_heights=tuple(config.tile_heights),
+        expert_map=layer.expert_map,
+        backend=_triton_router_backend(),
+    )
+
+
+def _route_dispatch_gpu(layer: "MoELayer", router_logits):
+    """Routing and dispatch in one call (one launch for small T) -> (topk_weights, topk_ids, disp)."""
+    config = layer.config
+    return _router_api().route_dispatch(
+        router_logits,
+        config.routing,
+        layer.num_experts,
+        e_score_correction_bias=layer.e_score_correction_bias,
+        align=config.align,
+        tile_heights=tuple(config.tile_heights),
+        expert_map=layer.expert_map,
+        backend=_triton_router_backend(),
+    )
+
+
+def _combine_gpu(layer: "MoELayer", y, disp, topk_weights, hidden):
+    api = _router_api()
+    weights = topk_weights if layer.config.router_weight_on is RouterWeightOn.OUTPUT else None
+    top_k = topk_weights.shape[1]
+    return api.combine(y, disp, weights, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend())
+
+
+def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
+    gemm = _optional_module("grouped_gemm.triton_grouped_gemm")[0]
+    config = layer.config
+    top_k = topk_ids.shape[1]
+    if config.router_weight_on is RouterWeightOn.INPUT:
+        # The weight scales the token before the expert: materialize the scaled rows once.
+        a = _router_api().gather(hidden, disp, top_k, scale=topk_weights, backend=_triton_router_backend())
+        a_rows = None
+    else:
+        # Fused gather: GEMM1 reads token rows hidden[slot // k] directly; -1 (padding) loads zeros.
+        slots = disp.sorted_slots
+        a = hidden
+        a_rows = torch.where(slots >= 0, torch.div(slots, top_k, rounding_mode="floor"), slots)
+    heights = tuple(disp.tile_heights)
+    a2 = gemm.triton_grouped_gemm1(
+        a, layer.w13, disp.row_offsets, disp.counts, disp.tile_offsets, config.activation,
+        b13=layer.b13, a_rows=a_rows, tile_heights=heights,
+    )
+    y = gemm.triton_grouped_gemm2(
+        a2, layer.w2, disp.row_offsets, disp.counts, disp.tile_offsets, b2=layer.b2, tile_heights=heights
+    )
+    return _combine_gpu(layer, y, disp, topk_weights, hidden)
+
+
+def _cute_module(device: torch.device):
+    capability = torch.cuda.get_device_capability(device)
+    return _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")[0], CUTE_ARCH_MODULES[capability]
+
+
+def _prepare_cute(layer: "MoELayer") -> dict:
+    """Prepack w13 (gate / up interleaved per N tile) once; the public w13 is kept as given."""
+    module, name = _cute_module(layer.w13.device)
+    prepack = getattr(module, "prepack_w13", None)
+    if prepack is None:  # one packed format for both families (gate / up chunks of 8 rows)
+        prepack = _optional_module("grouped_gemm.sm90_grouped_gemm")[0].prepack_w13
+    prepared = {"module": module, "packed_w13": prepack(layer.w13), "b13": layer.b13}
+    prepack_bias = getattr(module, "prepack_b13", None)
+    if layer.b13 is not None and prepack_bias is not None:
+        prepared["b13"] = prepack_bias(layer.b13)
+    return prepared
+
+
+def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
+    prepared = layer.prepared
+    module = prepared["module"]
+    prefix = "sm90" if module.__name__.endswith("sm90_grouped_gemm") else "sm100"
+    gemm1 = getattr(module, f"{prefix}_grouped_gemm1")
+    gemm2 = getattr(module, f"{prefix}_grouped_gemm2")
+    config = layer.config
+    top_k = topk_ids.shape[1]
+    scale = topk_weights if config.router_weight_on is RouterWeightOn.INPUT else None
+    a1 = _router_api().gather(hidden, disp, top_k, scale=scale, backend=_triton_router_backend())
+    a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=prepared["b13"])
+    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, b2=layer.b2)
+    return _combine_gpu(layer, y, disp, topk_weights, hidden)
+
+
+_FORWARD = {Backend.TORCH: _forward_torch, Backend.TRITON: _forward_triton, Backend.CUTE: _forward_cute}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The layer.
+
+
+class MoELayer:
+    """The routed-experts part of one MoE layer: weights prepared once for the chosen backend.
+
+    w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], optional biases b13 [E, 2I], b2 [E, H],
+    e_score_correction_bias [E_g] (DeepSeek-V3 routing), expert_map [E_g] (global -> local id or -1).
+    routing may be None when the layer is only ever called with precomputed (topk_weights, topk_ids).
+    `backend` is the backend that runs; `backend_reason` says why (the AUTO fallbacks, each with its reason).
+    """
+
+    def __init__(
+        self,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        *,
+        routing: RoutingConfig | None,
+        activation: Activation | str = Activation.SWIGLU,
+        router_weight_on: RouterWeightOn | str = RouterWeightOn.OUTPUT,
+        b13: torch.Tensor | None = None,
+        b2: torch.Tensor | None = None,
+        e_score_correction_bias: torch.Tensor | None = None,
+        expert_map: torch.Tensor | None = None,
+        align: int = 128,
+        backend: Backend | str = Backend.AUTO,
+        id_check: IdCheck | str = IdCheck.AUTO,
+    ):
+        if routing is not None and not isinstance(routing, RoutingConfig):
+            raise TypeError(f"routing: expected a RoutingConfig or None, got {type(routing).__name__}")
+        self.config = MoEConfig(routing, activation, router_weight_on, align)
+        num_experts, intermediate, hidden, num_global = check_weights(w13, w2, b13, b2, expert_map)
+        if e_score_correction_bias is not None:
+            if routing is None or routing.scoring is not Scoring.SIGMOID_GROUPED:
+                raise ValueError("e_score_correction_bias: only used by routing with scoring=SIGMOID_GROUPED")
+            require_tensor("e_score_correction_bias", e_score_correction_bias, ndim=1, dtypes=FLOAT_DTYPES)
+            if tuple(e_score_correction_bias.shape) != (num_global,):
+                raise ValueError(
+                    f"e_score_correction_bias: expected shape ({num_global},) (one per global expert), "
+                    f"got {tuple(e_score_correction_bias.shape)}"
+                )
+            if e_score_correction_bias.device != w13.device:
+                raise ValueError(f"e_score_correction_bias: expected a tensor on {w13.device}, got {e_score_correction_bias.device}")
+        if routing is not None:
+            routing.check_num_experts(num_global)
+        self.w13, self.w2, self.b13, self.b2 = w13, w2, b13, b2
+        self.e_score_correction_bias = e_score_correction_bias
+        self.expert_map = expert_map
+        self.num_experts, self.intermediate, self.hidden_size, self.num_global_experts = (
+            num_experts, intermediate, hidden, num_global
+        )
+        self.id_check = IdCheck.parse(id_check)
+        self.backend, self.backend_reason = _select_backend(
+            Backend.parse(backend),
+            dtype=w13.dtype,
+            device=w13.device,
+            hidden=hidden,
+            intermediate=intermediate,
+            num_experts=num_experts,
+            num_global_experts=num_global,
+            config=self.config,
+        )
+        self.prepared = _prepare_cute(self) if self.backend is Backend.CUTE else {}
+
+    def __repr__(self) -> str:
+        return (
+            f"MoELayer(E={self.num_experts}, H={self.hidden_size}, I={self.intermediate}, dtype={self.w13.dtype}, "
+            f"backend={self.backend.value}, reason={self.backend_reason!r})"
+        )
+
+    def _resolved_id_check(self) -> IdCheck:
+        if self.id_check is not IdCheck.AUTO:
+            return self.id_check
+        if self.backend is Backend.TORCH or self.w13.device.type == "cpu":
+            return IdCheck.CHECK
+        return IdCheck.SKIP
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor | None = None,
+        *,
+        topk_weights: torch.Tensor | None = None,
+        topk_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """hidden [T, H] + router_logits [T, E_g] (or precomputed topk_weights / topk_ids) -> out [T, H]."""
+        self.validate(hidden, router_logits, topk_weights=topk_weights, topk_ids=topk_ids)
+        hidden = hidden.contiguous()
+        disp = None
+        if self.backend is Backend.TORCH:
+            if topk_ids is None:
+                topk_weights, topk_ids = route_reference(router_logits, self.config.routing, self.e_score_correction_bias)
+        elif topk_ids is None:
+            topk_weights, topk_ids, disp = _route_dispatch_gpu(self, router_logits)
+        topk_weights = topk_weights.to(torch.float32).contiguous()
+        topk_ids = topk_ids.to(torch.int32).contiguous()
+        if disp is None and self.backend is not Backend.TORCH:
+            disp = _dispatch_gpu(self, topk_ids)
+        return _FORWARD[self.backend](self, hidden, topk_weights, topk_ids, disp)
+
+    forward = __call__
+
+    def validate(
+        self,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor | None = None,
+        *,
+        topk_weights: torch.Tensor | None = None,
+        topk_ids: torch.Tensor | None = None,
+    ) -> MoEProblem:
+        """All input checks of a call (no kernel runs); returns the problem's shapes."""
+        return validate_moe(
+            hidden,
+            self.w13,
+            self.w2,
+            router_logits=router_logits,
+            routing=self.config.routing,
+            topk_weights=topk_weights,
+            topk_ids=topk_ids,
+            b13=self.b13,
+            b2=self.b2,
+            e_score_correction_bias=self.e_score_correction_bias if router_logits is not None else None,
+            expert_map=self.expert_map,
+            id_check=self._resolved_id_check(),
+        )
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    router_logits: torch.Tensor | None = None,
+    *,
+    routing: RoutingConfig | None = None,
+    topk_weights: torch.Tensor | None = None,
+    topk_ids: torch.Tensor | None = None,
+    activation: Activation | str = Activation.SWIGLU,
+    router_weight_on: RouterWeightOn | str = RouterWeightOn.OUTPUT,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    align: int = 128,
+    backend: Backend | str = Backend.AUTO,
+    id_check: IdCheck | str = IdCheck.AUTO,
+) -> torch.Tensor:
+    """One MoE forward: out[t] = sum_j w[t, j] * expert_{ids[t, j]}(hidden[t]) -> [T, H] in hidden's dtype.
+
+    Pass router_logits [T, E_g] with routing, or precomputed topk_weights / topk_ids [T, k]. Arguments as in
+    MoELayer. fused_moe prepares the weights on every call (CUTE prepacks w13): build a MoELayer once to
+    serve.
+    """
+    # Shape / dtype / device checks first, so a bad input is reported as such before any backend choice.
+    validate_moe(
+        hidden,
+        w13,
+        w2,
+        router_logits=router_logits,
+        routing=routing,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        b13=b13,
+        b2=b2,
+        e_score_correction_bias=e_score_correction_bias,
+        expert_map=expert_map,
+        id_check=IdCheck.SKIP,
+    )
+    layer = MoELayer(
+        w13,
+        w2,
+        routing=routing,
+        activation=activation,
+        router_weight_on=router_weight_on,
+        b13=b13,
+        b2=b2,
+        e_score_correction_bias=e_score_correction_bias,
+        expert_map=expert_map,
+        align=align,
+        backend=backend,
+        id_check=id_check,
+    )
+    return layer(hidden, router_logits, topk_weights=topk_weights, topk_ids=topk_ids)

@@ -1,0 +1,342 @@
+"""Optional autotuning of grouped GEMM configurations, bucketed by tokens per expert, cached in one file.
+
+Serving never tunes at start-up: `select_config` returns a cached measurement when there is one and the
+planner's heuristic (moe2cta/planner.py) otherwise, so nothing here needs a GPU unless `autotune` is called.
+
+Buckets. Kernels are compiled against a symbolic M, so a configuration only has to suit a range of batch
+sizes: the key is the bucket of tokens per expert (rows / experts hit, rounded up to a power of two,
+1 .. 65536), never the exact M. `autotune` measures one representative problem per bucket: every expert
+holding `bucket` rows.
+
+Cache file (JSON, small, human-readable; written atomically):
+    {"format": "moe2cta-tuning", "version": 1,
+     "entries": {"<gpu>|<dtype>|E<E>|N<N>|K<K>|<epilogue>|b<bucket>":
+                 {"key": {...}, "candidate": {...Candidate fields...}, "seconds": 1.2e-05,
+                  "tried": 8, "heuristic_seconds": 1.4e-05, "created": "2026-11-29T12:00:00Z"}}}
+Location: the `path` argument, else env MOE2CTA_TUNING_CACHE (read when called, never at import), else
+~/.cache/moe2cta/tuning.json.
+
+Rules: `autotune` refuses to run while a CUDA graph is being captured (call it before capture); it times
+candidates through a caller-supplied runner (candidate, problem) -> zero-argument callable, so the kernel
+families stay out of this module; a candidate whose runner raises is skipped and reported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import pathlib
+import statistics
+import tempfile
+from typing import Callable, Iterable, Sequence
+
+from .grouped_gemm.budget import Arch, WorkUnit
+from . import planner
+
+__all__ = [
+    "MAX_BUCKET",
+    "BUCKETS",
+    "token_bucket",
+    "TuningKey",
+    "TuningEntry",
+    "TuningCache",
+    "default_cache_path",
+    "bucket_problem",
+    "autotune",
+    "select_config",
+    "cuda_event_timer",
+    "candidate_from_dict",
+]
+
+FORMAT = "moe2cta-tuning"
+VERSION = 1
+MAX_BUCKET = 65536
+BUCKETS = tuple(2**i for i in range(17))  # 1 .. 65536 rows per expert
+
+
+def token_bucket(tokens_per_expert: float) -> int:
+    """Power of two >= tokens_per_expert, clamped to 1 .. MAX_BUCKET (0 and fractions go to 1)."""
+    if isinstance(tokens_per_expert, bool) or not isinstance(tokens_per_expert, (int, float)):
+        raise TypeError(f"tokens_per_expert: expected a number, got {tokens_per_expert!r}")
+    if tokens_per_expert < 0 or math.isnan(tokens_per_expert):
+        raise ValueError(f"tokens_per_expert: expected >= 0, got {tokens_per_expert!r}")
+    if tokens_per_expert <= 1:
+        return 1
+    return min(MAX_BUCKET, 1 << math.ceil(math.log2(tokens_per_expert)))
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningKey:
+    """Static facts a tuned configuration depends on; never the exact token count."""
+
+    gpu: str  # torch.cuda.get_device_name(), e.g. "NVIDIA H200"
+    dtype: str  # "bfloat16" / "float16"
+    num_experts: int
+    n: int
+    k: int
+    epilogue: str  # e.g. "swiglu", "swiglu_oai", "gelu_gated" (GEMM1) or "row_scale" / "plain" (GEMM2)
+    bucket: int
+
+    def __post_init__(self):
+        for name in ("gpu", "dtype", "epilogue"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or "|" in value:
+                raise ValueError(f"{name}: expected a non-empty string without '|', got {value!r}")
+        for name in ("num_experts", "n", "k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        if self.bucket not in BUCKETS:
+            raise ValueError(f"bucket: expected a power of two in 1..{MAX_BUCKET} (see token_bucket), got {self.bucket!r}")
+
+    def to_str(self) -> str:
+        return f"{self.gpu}|{self.dtype}|E{self.num_experts}|N{self.n}|K{self.k}|{self.epilogue}|b{self.bucket}"
+
+    def with_bucket(self, bucket: int) -> "TuningKey":
+        return dataclasses.replace(self, bucket=bucket)
+
+
+def candidate_from_dict(d: dict) -> planner.Candidate:
+    """Inverse of Candidate.to_dict (ignores derived fields such as cluster)."""
+    try:
+        return planner.Candidate(
+            arch=Arch.parse(d["arch"]),
+            unit=WorkUnit(d["unit"]),
+            block_m=int(d["block_m"]),
+            block_n=int(d["block_n"]),
+            block_k=int(d["block_k"]),
+            stages=int(d["stages"]),
+            accumulator_slots=int(d.get("accumulator_slots", 2)),
+            pair_threshold=int(d.get("pair_threshold", 0)),
+            epi_n=int(d.get("epi_n", 32)),
+            epi_buffers=int(d.get("epi_buffers", 2)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"candidate: malformed entry {d!r}: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningEntry:
+    key: TuningKey
+    candidate: planner.Candidate
+    seconds: float
+    tried: int = 0
+    heuristic_seconds: float | None = None
+    created: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "key": dataclasses.asdict(self.key),
+            "candidate": self.candidate.to_dict(),
+            "seconds": self.seconds,
+            "tried": self.tried,
+            "heuristic_seconds": self.heuristic_seconds,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TuningEntry":
+        try:
+            key = TuningKey(**d["key"])
+            return cls(key, candidate_from_dict(d["candidate"]), float(d["seconds"]), int(d.get("tried", 0)),
+                       d.get("heuristic_seconds"), str(d.get("created", "")))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"entry: malformed {d!r}: {exc}") from None
+
+
+def default_cache_path(path: str | os.PathLike | None = None) -> pathlib.Path:
+    """`path`, else env MOE2CTA_TUNING_CACHE (read now), else ~/.cache/moe2cta/tuning.json."""
+    if path is not None:
+        return pathlib.Path(path)
+    env = os.environ.get("MOE2CTA_TUNING_CACHE")
+    if env:
+        return pathlib.Path(env)
+    return pathlib.Path.home() / ".cache" / "moe2cta" / "tuning.json"
+
+
+class TuningCache:
+    """The whole tuning file in memory; `save()` writes it back atomically."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        self.path = default_cache_path(path)
+        self.entries: dict[str, TuningEntry] = {}
+        if self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"tuning cache {self.path}: unreadable ({exc}); delete it or pass another path") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"tuning cache {self.path}: not a {FORMAT} file")
+        if data.get("version") != VERSION:
+            raise ValueError(f"tuning cache {self.path}: version {data.get('version')!r}, expected {VERSION}")
+        for key_str, entry in data.get("entries", {}).items():
+            parsed = TuningEntry.from_json(entry)
+            if parsed.key.to_str() != key_str:
+                raise ValueError(f"tuning cache {self.path}: entry {key_str!r} holds key {parsed.key.to_str()!r}")
+            self.entries[key_str] = parsed
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def get(self, key: TuningKey) -> TuningEntry | None:
+        return self.entries.get(key.to_str())
+
+    def put(self, entry: TuningEntry) -> None:
+        self.entries[entry.key.to_str()] = entry
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "entries": {k: e.to_json() for k, e in sorted(self.entries.items())},
+        }
+
+    def save(self) -> pathlib.Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_json(), f, indent=1)
+                f.write("\n")
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return self.path
+
+
+def bucket_problem(kind: planner.GemmKind, num_experts: int, n: int, k: int, bucket: int,
+                   experts_hit: int | None = None, **fields) -> planner.GemmProblem:
+    """The representative problem of a bucket: `bucket` rows on each hit expert (default: all of them).
+
+    fields: further GemmProblem fields (dtype, activation, has_bias, has_row_scale).
+    """
+    hit = num_experts if experts_hit is None else experts_hit
+    if not 1 <= hit <= num_experts:
+        raise ValueError(f"experts_hit: expected 1..{num_experts}, got {experts_hit!r}")
+    counts = tuple(bucket if e < hit else 0 for e in range(num_experts))
+    return planner.GemmProblem(f"{kind.value}-b{bucket}", kind, n, k, counts,
+                               f"bucket: {bucket} rows on each of {hit} of {num_experts} experts", **fields)
+
+
+def _check_not_capturing() -> None:
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("autotune: a CUDA graph is being captured; tune before capture (or use select_config)")
+
+
+def cuda_event_timer(fn: Callable[[], None], warmup: int = 3, repeats: int = 20) -> float:
+    """Median seconds of fn() by CUDA events (GPU only)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuda_event_timer: no CUDA device; pass a timer for CPU tests")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return statistics.median(times)
+
+
+def autotune(
+    key: TuningKey,
+    kind: planner.GemmKind,
+    arch: Arch | str,
+    runner: Callable[[planner.Candidate, planner.GemmProblem], Callable[[], None]],
+    *,
+    buckets: Iterable[int] | None = None,
+    top: int = 8,
+    timer: Callable[[Callable[[], None]], float] | None = None,
+    cache: TuningCache | None = None,
+    save: bool = True,
+    hardware: planner.Hardware | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[int, TuningEntry]:
+    """Measure the planner's `top` candidates per bucket and store the fastest in the cache.
+
+    key: the static facts (its bucket field is replaced per bucket). runner(candidate, problem) prepares
+    inputs and returns a callable that runs the kernel once; timer(fn) returns seconds (default: CUDA
+    events). The heuristic's first choice is always among those timed, so tuning never does worse than
+    the model on the measured problem. Returns {bucket: entry}.
+    """
+    _check_not_capturing()
+    arch = Arch.parse(arch)
+    if not isinstance(kind, planner.GemmKind):
+        raise TypeError(f"kind: expected a planner.GemmKind, got {kind!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top: expected an int >= 1, got {top!r}")
+    timer = timer or cuda_event_timer
+    cache = cache if cache is not None else TuningCache()
+    results: dict[int, TuningEntry] = {}
+    for bucket in (BUCKETS if buckets is None else tuple(buckets)):
+        bkey = key.with_bucket(bucket)
+        problem = bucket_problem(kind, key.num_experts, key.n, key.k, bucket)
+        result = planner.search(problem, arch, hardware)
+        if not result.ranked:
+            if log:
+                log(f"{bkey.to_str()}: no candidate fits, skipped")
+            continue
+        shapes = planner.best_per_shape(result.ranked)[:top]
+        best: tuple[float, planner.Candidate] | None = None
+        heuristic_seconds = None
+        for i, ev in enumerate(shapes):
+            try:
+                fn = runner(ev.candidate, problem)
+                seconds = float(timer(fn))
+            except Exception as exc:  # a candidate that fails to build or run is skipped, not fatal
+                if log:
+                    log(f"{bkey.to_str()}: {ev.candidate.label()} failed: {type(exc).__name__}: {exc}")
+                continue
+            if i == 0:
+                heuristic_seconds = seconds
+            if log:
+                log(f"{bkey.to_str()}: {ev.candidate.label()} {seconds * 1e6:.1f} us "
+                    f"(model {ev.prediction.seconds * 1e6:.1f} us)")
+            if best is None or seconds < best[0]:
+                best = (seconds, ev.candidate)
+        if best is None:
+            continue
+        created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        entry = TuningEntry(bkey, best[1], best[0], len(shapes), heuristic_seconds, created)
+        cache.put(entry)
+        results[bucket] = entry
+    if save and results:
+        cache.save()
+    return results
+
+
+def select_config(
+    key: TuningKey,
+    kind: planner.GemmKind,
+    arch: Arch | str,
+    *,
+    cache: TuningCache | None = None,
+    hardware: planner.Hardware | None = None,
+) -> tuple[planner.Candidate, str]:
+    """(candidate, source) for a key whose bucket came from token_bucket(rows / experts hit).
+
+    source is "tuned" (from the cache) or "heuristic" (the planner's choice for the bucket's problem).
+    Cheap and GPU-free; call it outside CUDA-graph capture and keep the result per bucket.
+    """
+    if cache is not None:
+        entry = cache.get(key)
+        if entry is not None:
+            return entry.candidate, "tuned"
+    problem = bucket_problem(kind, key.num_experts, key.n, key.k, key.bucket)
+    return planner.search(problem, arch, hardware).chosen.candidate, "heuristic"

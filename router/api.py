@@ -1,0 +1,415 @@
+"""Public router functions: route, dispatch, gather, combine (and route_dispatch), with a backend choice.
+
+RouterBackend.TORCH runs the twins of router/reference.py; RouterBackend.TRITON runs the kernels of
+routing_triton.py, dispatch_triton.py and permute_triton.py (CUDA tensors, or CPU tensors under
+TRITON_INTERPRET=1); AUTO picks TRITON for CUDA tensors and TORCH otherwise.
+
+Every TRITON path is free of host synchronization and of data-dependent allocation: buffer sizes come from
+T, k, E, align and the tile heights only, so the calls can be captured in a CUDA graph and replayed with new
+routing. Kernel modules are imported lazily (importing moe2cta.router needs no GPU).
+"""
+from __future__ import annotations
+
+import enum
+import os
+
+import torch
+
+from .config import RoutingConfig, Scoring
+from .reference import (
+    DEFAULT_TILE_HEIGHTS,
+    Dispatch,
+    combine_reference,
+    dispatch_reference,
+    gather_reference,
+    max_rows_for,
+    route_reference,
+)
+
+__all__ = ["RouterBackend", "DispatchScheme", "route", "dispatch", "route_dispatch", "gather", "combine"]
+
+_LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Fused route + dispatch runs in one program: worth it while one SM routes the tokens quickly.
+FUSED_MAX_TOKENS = 64
+
+
+class RouterBackend(enum.Enum):
+    AUTO = "auto"
+    TORCH = "torch"
+    TRITON = "triton"
+
+    @classmethod
+    def parse(cls, value: "RouterBackend | str") -> "RouterBackend":
+        if isinstance(value, cls):
+            return value
+        for member in cls:
+            if str(value).lower() in (member.value, member.name.lower()):
+                return member
+        raise ValueError(f"backend: expected one of {[m.value for m in cls]}, got {value!r}")
+
+
+class DispatchScheme(enum.Enum):
+    """How the TRITON dispatch runs (dispatch_triton.py): AUTO picks SINGLE_PROGRAM for T*k <= 4096."""
+
+    AUTO = "auto"
+    SINGLE_PROGRAM = "single_program"  # one launch, one program (decode sizes)
+    MULTI_BLOCK = "multi_block"  # three launches over blocks of slots (prefill sizes)
+
+
+def _resolve(backend, tensor: torch.Tensor) -> RouterBackend:
+    backend = RouterBackend.parse(backend)
+    if backend is RouterBackend.AUTO:
+        return RouterBackend.TRITON if tensor.is_cuda else RouterBackend.TORCH
+    if backend is RouterBackend.TRITON and not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend: TRITON needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
+    return backend
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def _check_tensor(name, t, ndim, dtypes=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# ---------------------------------------------------------------------------------------------- route
+def _check_route_args(logits, config, bias):
+    if not isinstance(config, RoutingConfig):
+        raise TypeError(f"config: expected a RoutingConfig, got {type(config).__name__}")
+    _check_tensor("logits", logits, 2, _LOGIT_DTYPES)
+    num_experts = logits.shape[1]
+    config.check_num_experts(num_experts)
+    if bias is not None:
+        _check_tensor("e_score_correction_bias", bias, 1, _LOGIT_DTYPES)
+        if bias.shape[0] != num_experts:
+            raise ValueError(f"e_score_correction_bias: expected shape ({num_experts},), got {tuple(bias.shape)}")
+        if bias.device != logits.device:
+            raise ValueError(f"e_score_correction_bias: expected device {logits.device}, got {bias.device}")
+        if config.scoring is not Scoring.SIGMOID_GROUPED:
+            raise ValueError(f"e_score_correction_bias: only used by SIGMOID_GROUPED, got scoring={config.scoring}")
+
+
+def _route_meta(config: RoutingConfig, num_experts: int, has_bias: bool, device: torch.device) -> dict:
+    from .routing_triton import MAX_EXPERTS, MAX_TOP_K, SCORING_CODES
+
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"logits: TRITON routing supports E <= {MAX_EXPERTS}, got E={num_experts}")
+    if config.top_k > MAX_TOP_K:
+        raise ValueError(f"config.top_k: TRITON routing supports k <= {MAX_TOP_K}, got {config.top_k}")
+    groups = config.num_expert_group or 0
+    return dict(
+        NUM_EXPERTS=num_experts,
+        TOP_K=config.top_k,
+        SCORING=SCORING_CODES[config.scoring.value],
+        RENORMALIZE=bool(config.renormalize),
+        HAS_BIAS=has_bias,
+        NUM_GROUPS=groups,
+        TOPK_GROUP=config.topk_group or 0,
+        BLOCK_K=max(2, _next_pow2(config.top_k)),
+        BLOCK_G=max(2, _next_pow2(max(groups, 1))),
+        USE_LIBDEVICE=device.type == "cuda",
+    )
+
+
+def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: torch.Tensor | None = None,
+          backend: RouterBackend | str = RouterBackend.AUTO) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] (bf16/fp16/fp32) -> (topk_weights [T, k] fp32, topk_ids [T, k] int32)."""
+    _check_route_args(logits, config, e_score_correction_bias)
+    if _resolve(backend, logits) is RouterBackend.TORCH:
+        return route_reference(logits, config, e_score_correction_bias)
+    from .routing_triton import route_kernel, route_launch_params
+
+    num_tokens, num_experts = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    meta = _route_meta(config, num_experts, e_score_correction_bias is not None, logits.device)
+    weights = torch.empty(num_tokens, config.top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(num_tokens, config.top_k, dtype=torch.int32, device=logits.device)
+    if num_tokens == 0:
+        return weights, ids
+    block_t, block_e, num_warps = route_launch_params(num_tokens, num_experts, _num_sms(logits.device))
+    bias = e_score_correction_bias if e_score_correction_bias is not None else weights
+    grid = (_cdiv(num_tokens, block_t),)
+    route_kernel[grid](
+        logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
+        BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps, **meta,
+    )
+    return weights, ids
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ------------------------------------------------------------------------------------------- dispatch
+def _check_dispatch_args(topk_ids, num_experts, align, tile_heights, expert_map):
+    _check_tensor("topk_ids", topk_ids, 2, (torch.int32, torch.int64))
+    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
+        raise ValueError(f"num_experts: expected an int >= 1, got {num_experts!r}")
+    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
+        raise ValueError(f"align: expected an int >= 1, got {align!r}")
+    heights = tuple(tile_heights)
+    if any((not isinstance(h, int)) or isinstance(h, bool) or h < 1 for h in heights):
+        raise ValueError(f"tile_heights: expected ints >= 1, got {tile_heights!r}")
+    if expert_map is not None:
+        _check_tensor("expert_map", expert_map, 1, (torch.int32, torch.int64))
+        if expert_map.device != topk_ids.device:
+            raise ValueError(f"expert_map: expected device {topk_ids.device}, got {expert_map.device}")
+    return heights
+
+
+def _dispatch_buffers(num_tokens, top_k, num_experts, align, heights, device):
+    i32 = dict(dtype=torch.int32, device=device)
+    max_rows = max_rows_for(num_tokens, top_k, num_experts, align)
+    return (
+        torch.empty(num_experts, **i32),
+        torch.empty(num_experts + 1, **i32),
+        torch.empty(num_experts + 1, **i32),
+        torch.empty(len(heights), num_experts + 1, **i32),
+        torch.empty(max_rows, **i32),
+        torch.empty(num_tokens * top_k, **i32),
+    )
+
+
+def _dispatch_static_meta(num_experts, align, heights, expert_map):
+    from .dispatch_triton import MAX_TILE_HEIGHTS
+    from .routing_triton import MAX_EXPERTS
+
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"num_experts: TRITON dispatch supports <= {MAX_EXPERTS}, got {num_experts}")
+    if len(heights) > MAX_TILE_HEIGHTS:
+        raise ValueError(f"tile_heights: TRITON dispatch supports <= {MAX_TILE_HEIGHTS} heights, got {heights}")
+    padded = tuple(heights) + (1,) * (MAX_TILE_HEIGHTS - len(heights))
+    return dict(
+        NUM_EXPERTS=num_experts,
+        NUM_GLOBAL_EXPERTS=expert_map.numel() if expert_map is not None else num_experts,
+        HAS_MAP=expert_map is not None,
+        NUM_BINS=max(32, _next_pow2(num_experts + 1)),
+    ), dict(ALIGN=align, NUM_HEIGHTS=len(heights), H0=padded[0], H1=padded[1], H2=padded[2], H3=padded[3])
+
+
+def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta, offset_meta, scheme, block_slots):
+    from .dispatch_triton import (
+        MULTI_BLOCK_SLOTS, SINGLE_MAX_SLOTS, block_histogram_kernel, dispatch_single_kernel, place_kernel,
+        scan_kernel,
+    )
+
+    counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows = bufs
+    device = ids_flat.device
+    emap = expert_map if expert_map is not None else ids_flat
+    num_bins = base_meta["NUM_BINS"]
+    if scheme is DispatchScheme.AUTO:
+        scheme = DispatchScheme.SINGLE_PROGRAM if num_slots <= SINGLE_MAX_SLOTS else DispatchScheme.MULTI_BLOCK
+    if scheme is DispatchScheme.SINGLE_PROGRAM:
+        if num_slots > SINGLE_MAX_SLOTS:
+            raise ValueError(f"scheme: SINGLE_PROGRAM takes T*k <= {SINGLE_MAX_SLOTS}, got {num_slots}")
+        block_s = max(16, _next_pow2(num_slots))
+        scratch = torch.empty(num_bins, dtype=torch.int32, device=device)
+        dispatch_single_kernel[(1,)](
+            ids_flat, emap, counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows, scratch,
+            num_slots, max_rows, BLOCK_S=block_s, FILL_BLOCK=2048, num_warps=8 if block_s >= 1024 else 4,
+            **base_meta, **offset_meta,
+        )
+        return
+    block_s = MULTI_BLOCK_SLOTS if block_slots is None else block_slots
+    if block_s < 16 or block_s & (block_s - 1) or block_s > 4096:
+        raise ValueError(f"block_slots: expected a power of two in [16, 4096], got {block_s}")
+    num_blocks = max(1, _cdiv(num_slots, block_s))
+    hist = torch.empty(num_blocks, num_bins, dtype=torch.int32, device=device)
+    adj = torch.empty(num_blocks, num_bins, dtype=torch.int32, device=device)
+    stripe = _cdiv(max_rows, num_blocks)
+    block_histogram_kernel[(num_blocks,)](
+        ids_flat, emap, hist, sorted_slots, num_slots, max_rows, stripe, BLOCK_S=block_s, FILL_BLOCK=1024,
+        num_warps=4, **base_meta,
+    )
+    scan_kernel[(1,)](
+        hist, adj, counts, token_offsets, row_offsets, tile_offsets, num_blocks,
+        NUM_EXPERTS=base_meta["NUM_EXPERTS"], NUM_BINS=num_bins, BLOCK_B=max(1, 4096 // num_bins),
+        num_warps=8, **offset_meta,
+    )
+    place_kernel[(num_blocks,)](
+        ids_flat, emap, adj, sorted_slots, slot_rows, num_slots, BLOCK_S=block_s, num_warps=4, **base_meta,
+    )
+
+
+def dispatch(topk_ids: torch.Tensor, num_experts: int, *, align: int = 128,
+             tile_heights: tuple = DEFAULT_TILE_HEIGHTS, expert_map: torch.Tensor | None = None,
+             backend: RouterBackend | str = RouterBackend.AUTO,
+             scheme: DispatchScheme | str = DispatchScheme.AUTO, block_slots: int | None = None) -> Dispatch:
+    """topk_ids [T, k] (global expert ids) -> Dispatch over num_experts local experts (docs/design.md).
+
+    Ids outside [0, num_experts) (or mapped to -1 by expert_map [E_global]) are off-rank: slot_rows -1.
+    scheme / block_slots: TRITON only (block_slots: slots per program of MULTI_BLOCK, default 2048).
+    """
+    heights = _check_dispatch_args(topk_ids, num_experts, align, tile_heights, expert_map)
+    if _resolve(backend, topk_ids) is RouterBackend.TORCH:
+        return dispatch_reference(topk_ids, num_experts, align=align, tile_heights=heights, expert_map=expert_map)
+    num_tokens, top_k = topk_ids.shape
+    base_meta, offset_meta = _dispatch_static_meta(num_experts, align, heights, expert_map)
+    ids_flat = topk_ids.reshape(-1)
+    if ids_flat.dtype != torch.int32:
+        ids_flat = ids_flat.to(torch.int32)
+    ids_flat = ids_flat.contiguous()
+    if expert_map is not None and expert_map.dtype != torch.int32:
+        expert_map = expert_map.to(torch.int32)
+    bufs = _dispatch_buffers(num_tokens, top_k, num_experts, align, heights, topk_ids.device)
+    scheme = DispatchScheme(scheme) if not isinstance(scheme, DispatchScheme) else scheme
+    _launch_dispatch(ids_flat, num_tokens * top_k, bufs[4].numel(), expert_map, bufs, base_meta, offset_meta,
+                     scheme, block_slots)
+    return Dispatch(*bufs, align, heights)
+
+
+def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int | None = None, *,
+                   e_score_correction_bias: torch.Tensor | None = None, align: int = 128,
+                   tile_heights: tuple = DEFAULT_TILE_HEIGHTS, expert_map: torch.Tensor | None = None,
+                   backend: RouterBackend | str = RouterBackend.AUTO):
+    """route() then dispatch() -> (topk_weights, topk_ids, Dispatch). num_experts: local experts (default:
+    logits.shape[1]). With TRITON and T <= FUSED_MAX_TOKENS (static), one launch does both."""
+    _check_route_args(logits, config, e_score_correction_bias)
+    num_experts = logits.shape[1] if num_experts is None else num_experts
+    resolved = _resolve(backend, logits)
+    num_tokens = logits.shape[0]
+    if resolved is RouterBackend.TORCH or num_tokens > FUSED_MAX_TOKENS:
+        weights, ids = route(logits, config, e_score_correction_bias, backend=resolved)
+        disp = dispatch(ids, num_experts, align=align, tile_heights=tile_heights, expert_map=expert_map,
+                        backend=resolved)
+        return weights, ids, disp
+    from .dispatch_triton import route_dispatch_fused_kernel
+    from .routing_triton import route_launch_params
+
+    dummy_ids = torch.empty(1, config.top_k, dtype=torch.int32, device=logits.device)
+    heights = _check_dispatch_args(dummy_ids, num_experts, align, tile_heights, expert_map)
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    meta = _route_meta(config, logits.shape[1], e_score_correction_bias is not None, logits.device)
+    base_meta, offset_meta = _dispatch_static_meta(num_experts, align, heights, expert_map)
+    if expert_map is None and num_experts != logits.shape[1]:
+        raise ValueError(f"num_experts: expected logits.shape[1] ({logits.shape[1]}) without expert_map, got {num_experts}")
+    if expert_map is not None and expert_map.dtype != torch.int32:
+        expert_map = expert_map.to(torch.int32)
+    top_k = config.top_k
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=logits.device)
+    bufs = _dispatch_buffers(num_tokens, top_k, num_experts, align, heights, logits.device)
+    scratch = torch.empty(base_meta["NUM_BINS"], dtype=torch.int32, device=logits.device)
+    block_t, block_e, _ = route_launch_params(num_tokens, logits.shape[1], num_sms=1)
+    block_t = min(block_t, max(1, _next_pow2(num_tokens)))
+    bias = e_score_correction_bias if e_score_correction_bias is not None else weights
+    emap = expert_map if expert_map is not None else ids
+    num_slots = num_tokens * top_k
+    route_meta = {("R_" + k if k in ("NUM_EXPERTS",) else k): v for k, v in meta.items()}
+    route_dispatch_fused_kernel[(1,)](
+        logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
+        emap, *bufs, scratch, num_slots, bufs[4].numel(),
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_S=max(16, _next_pow2(num_slots)), FILL_BLOCK=2048, num_warps=4,
+        **route_meta, **base_meta, **offset_meta,
+    )
+    return weights, ids, Dispatch(*bufs, align, heights)
+
+
+# ------------------------------------------------------------------------------------ gather / combine
+def _check_dispatch(disp):
+    if not isinstance(disp, Dispatch):
+        raise TypeError(f"disp: expected a Dispatch, got {type(disp).__name__}")
+
+
+def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor | None = None,
+           out: torch.Tensor | None = None, backend: RouterBackend | str = RouterBackend.AUTO) -> torch.Tensor:
+    """hidden [T, H] -> a1 [max_rows, H]: a1[slot_rows[s]] = hidden[s // k] (* scale[s]). TRITON leaves
+    padding rows untouched (out=None: uninitialized); TORCH zeroes them."""
+    _check_tensor("hidden", hidden, 2, _ACT_DTYPES)
+    _check_dispatch(disp)
+    num_tokens, hidden_size = hidden.shape
+    if disp.slot_rows.numel() != num_tokens * top_k:
+        raise ValueError(f"disp: slot_rows has {disp.slot_rows.numel()} slots, expected T*k = {num_tokens * top_k}")
+    if scale is not None:
+        _check_tensor("scale", scale, 2, (torch.float32, torch.float16, torch.bfloat16))
+        if tuple(scale.shape) != (num_tokens, top_k):
+            raise ValueError(f"scale: expected shape ({num_tokens}, {top_k}), got {tuple(scale.shape)}")
+    max_rows = disp.sorted_slots.numel()
+    if out is not None:
+        _check_tensor("out", out, 2, (hidden.dtype,))
+        if out.shape[0] < max_rows or out.shape[1] != hidden_size or out.stride(1) != 1:
+            raise ValueError(f"out: expected >= {max_rows} contiguous rows of {hidden_size}, got {tuple(out.shape)}")
+    if _resolve(backend, hidden) is RouterBackend.TORCH:
+        a1 = gather_reference(hidden, disp, top_k, scale)
+        if out is None:
+            return a1
+        out[:max_rows].copy_(a1)
+        return out
+    from .permute_triton import gather_kernel, permute_launch_params
+
+    if hidden.stride(1) != 1:
+        hidden = hidden.contiguous()
+    if out is None:
+        out = torch.empty(max_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
+    num_slots = num_tokens * top_k
+    if num_slots == 0 or hidden_size == 0:
+        return out
+    block_h, num_warps = permute_launch_params(hidden_size, hidden.element_size())
+    block_s = 4
+    scale_arg = scale.contiguous() if scale is not None else disp.slot_rows
+    grid = (_cdiv(num_slots, block_s), _cdiv(hidden_size, block_h))
+    gather_kernel[grid](
+        hidden, scale_arg, disp.slot_rows, out, num_slots, hidden_size, hidden.stride(0), out.stride(0),
+        TOP_K=top_k, HAS_SCALE=scale is not None, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=num_warps,
+    )
+    return out
+
+
+def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, num_tokens: int, top_k: int,
+            out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+            backend: RouterBackend | str = RouterBackend.AUTO) -> torch.Tensor:
+    """out[t] = sum_j w[t, j] * y[slot_rows[t*k + j]], j in order, fp32 accumulation; rows -1 add nothing."""
+    _check_tensor("y", y, 2, _ACT_DTYPES)
+    _check_dispatch(disp)
+    if disp.slot_rows.numel() != num_tokens * top_k:
+        raise ValueError(f"disp: slot_rows has {disp.slot_rows.numel()} slots, expected T*k = {num_tokens * top_k}")
+    if topk_weights is not None:
+        _check_tensor("topk_weights", topk_weights, 2, (torch.float32,))
+        if tuple(topk_weights.shape) != (num_tokens, top_k):
+            raise ValueError(f"topk_weights: expected shape ({num_tokens}, {top_k}), got {tuple(topk_weights.shape)}")
+    out_dtype = out_dtype or y.dtype
+    if out_dtype not in _ACT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {_ACT_DTYPES}, got {out_dtype}")
+    hidden_size = y.shape[1]
+    if out is not None:
+        _check_tensor("out", out, 2, (out_dtype,))
+        if tuple(out.shape) != (num_tokens, hidden_size) or out.stride(1) != 1:
+            raise ValueError(f"out: expected contiguous rows of shape ({num_tokens}, {hidden_size}), got {tuple(out.shape)}")
+    if _resolve(backend, y) is RouterBackend.TORCH:
+        res = combine_reference(y, disp, topk_weights, num_tokens, top_k, out_dtype)
+        if out is None:
+            return res
+        out.copy_(res)
+        return out
+    from .permute_triton import combine_kernel, permute_launch_params
+
+    if y.stride(1) != 1:
+        y = y.contiguous()
+    if out is None:
+        out = torch.empty(num_tokens, hidden_size, dtype=out_dtype, device=y.device)
+    if num_tokens == 0 or hidden_size == 0:
+        return out
+    block_h, num_warps = permute_launch_params(hidden_size, y.element_size())
+    block_t = 2
+    w_arg = topk_weights.contiguous() if topk_weights is not None else disp.slot_rows
+    grid = (_cdiv(num_tokens, block_t), _cdiv(hidden_size, block_h))
+    combine_kernel[grid](
+        y, w_arg, disp.slot_rows, out, num_tokens, hidden_size, y.stride(0), out.stride(0),
+        TOP_K=top_k, HAS_WEIGHTS=topk_weights is not None, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps,
+    )
+    return out

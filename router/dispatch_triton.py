@@ -1,0 +1,249 @@
+"""Dispatch kernels (Triton): topk_ids -> the padded-layout metadata of docs/design.md, on the device only.
+
+Outputs (int32; sizes from T, k, E, align and the tile heights only): counts [E], token_offsets [E+1],
+row_offsets [E+1], tile_offsets [len(tile_heights), E+1], sorted_slots [max_rows], slot_rows [T*k].
+
+The permutation is a stable counting sort of the slots s = t*k + j by local expert id. Inside a program the
+slots of a block are sorted by the unique key (expert * BLOCK_S + slot-in-block) with tl.sort (bitonic, in
+registers); position p of a slot in that order, minus the first position of its expert in the block, is its
+rank among the block's slots of that expert, in slot order. No atomics touch the permutation, so it is
+deterministic. Off-rank slots (expert_map -> -1, or ids outside [0, E)) use the key E and sort last.
+
+Two schemes, chosen on the host from T*k (static):
+  single program (T*k <= SINGLE_MAX_SLOTS): one launch, one program: histogram (tl.histogram) -> counts ->
+    prefix sums (tl.cumsum) -> store offsets; write (row_offsets - token_offsets)[e] to a scratch vector;
+    fill sorted_slots with -1; barrier (orders the program's own global stores); sort; scatter.
+  multi block: three launches over blocks of BLOCK_S slots:
+    1. `block_histogram_kernel`: per-block histograms hist[b, e]; also fills sorted_slots with -1
+       (each program a stripe), so the fill is done before launch 3 writes the valid rows;
+    2. `scan_kernel` (one program): exclusive scan of hist over blocks (per expert) and over experts ->
+       counts, offsets; writes adj[b, e] = row_offsets[e] + rows of e in blocks < b - first position of e
+       in block b's sorted order;
+    3. `place_kernel`: per block, sort, row = p + adj[b, e]; scatter sorted_slots and slot_rows.
+
+Limits: E <= 512 (histogram bins), T*k < 2**31 / 1024, at most 4 tile heights.
+`route_dispatch_fused_kernel` (decode, small T): routing of all tokens + the single-program dispatch in
+one launch.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .routing_triton import route_token_block
+
+__all__ = [
+    "route_dispatch_fused_kernel",
+    "SINGLE_MAX_SLOTS",
+    "MULTI_BLOCK_SLOTS",
+    "MAX_TILE_HEIGHTS",
+    "dispatch_single_program",
+    "dispatch_single_kernel",
+    "block_histogram_kernel",
+    "scan_kernel",
+    "place_kernel",
+]
+
+SINGLE_MAX_SLOTS = 4096
+MULTI_BLOCK_SLOTS = 2048
+MAX_TILE_HEIGHTS = 4
+
+
+@triton.jit
+def _local_expert_keys(ids_ptr, expert_map_ptr, slots, slot_ok, NUM_EXPERTS: tl.constexpr,
+                       NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr):
+    """Local expert of each slot, or NUM_EXPERTS for off-rank / invalid / past-the-end slots."""
+    e = tl.load(ids_ptr + slots, mask=slot_ok, other=-1)
+    if HAS_MAP:
+        in_range = slot_ok & (e >= 0) & (e < NUM_GLOBAL_EXPERTS)
+        e = tl.load(expert_map_ptr + e, mask=in_range, other=-1)
+    on_rank = slot_ok & (e >= 0) & (e < NUM_EXPERTS)
+    return tl.where(on_rank, e, NUM_EXPERTS)
+
+
+@triton.jit
+def _store_offsets(counts, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr, ecols,
+                   NUM_EXPERTS: tl.constexpr, ALIGN: tl.constexpr, NUM_HEIGHTS: tl.constexpr,
+                   H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr):
+    """counts [BLOCK] (zero past E) -> store counts and all prefix sums; return (token_incl, row_incl)."""
+    e_ok = ecols < NUM_EXPERTS
+    tl.store(counts_ptr + ecols, counts, mask=e_ok)
+    first = ecols == 0
+    token_incl = tl.cumsum(counts, 0)
+    tl.store(token_offsets_ptr + ecols + 1, token_incl, mask=e_ok)
+    tl.store(token_offsets_ptr + ecols, 0, mask=first)
+    padded = (counts + ALIGN - 1) // ALIGN * ALIGN
+    row_incl = tl.cumsum(padded, 0)
+    tl.store(row_offsets_ptr + ecols + 1, row_incl, mask=e_ok)
+    tl.store(row_offsets_ptr + ecols, 0, mask=first)
+    stride = NUM_EXPERTS + 1
+    if NUM_HEIGHTS > 0:
+        tl.store(tile_offsets_ptr + ecols + 1, tl.cumsum((counts + H0 - 1) // H0, 0), mask=e_ok)
+        tl.store(tile_offsets_ptr + ecols, 0, mask=first)
+    if NUM_HEIGHTS > 1:
+        tl.store(tile_offsets_ptr + stride + ecols + 1, tl.cumsum((counts + H1 - 1) // H1, 0), mask=e_ok)
+        tl.store(tile_offsets_ptr + stride + ecols, 0, mask=first)
+    if NUM_HEIGHTS > 2:
+        tl.store(tile_offsets_ptr + 2 * stride + ecols + 1, tl.cumsum((counts + H2 - 1) // H2, 0), mask=e_ok)
+        tl.store(tile_offsets_ptr + 2 * stride + ecols, 0, mask=first)
+    if NUM_HEIGHTS > 3:
+        tl.store(tile_offsets_ptr + 3 * stride + ecols + 1, tl.cumsum((counts + H3 - 1) // H3, 0), mask=e_ok)
+        tl.store(tile_offsets_ptr + 3 * stride + ecols, 0, mask=first)
+    return token_incl, row_incl
+
+
+@triton.jit
+def _fill_minus_one(ptr, start, stop, BLOCK: tl.constexpr):
+    for r0 in range(start, stop, BLOCK):
+        offs = r0 + tl.arange(0, BLOCK)
+        tl.store(ptr + offs, tl.full([BLOCK], -1, tl.int32), mask=offs < stop)
+
+
+@triton.jit
+def _sort_and_scatter(keys, slot0, num_slots, adj_ptr, sorted_slots_ptr, slot_rows_ptr,
+                      NUM_EXPERTS: tl.constexpr, BLOCK_S: tl.constexpr):
+    """keys: local expert (or NUM_EXPERTS) of slots slot0 .. slot0+BLOCK_S-1. adj[e]: row of the block's
+    first slot of expert e minus that slot's position in the block's sorted order."""
+    local = tl.arange(0, BLOCK_S)
+    order = tl.sort(keys * BLOCK_S + local)
+    expert = order // BLOCK_S
+    slot = slot0 + order % BLOCK_S
+    valid = expert < NUM_EXPERTS
+    row = local + tl.load(adj_ptr + expert, mask=valid, other=0)
+    tl.store(sorted_slots_ptr + row, slot, mask=valid)
+    tl.store(slot_rows_ptr + slot, tl.where(valid, row, -1), mask=slot < num_slots)
+
+
+@triton.jit
+def dispatch_single_program(
+    ids_ptr, expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
+    sorted_slots_ptr, slot_rows_ptr, scratch_ptr, num_slots, max_rows,
+    NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
+    NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
+    BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
+):
+    """Whole dispatch of num_slots <= BLOCK_S slots by one program. scratch: >= NUM_BINS int32."""
+    slots = tl.arange(0, BLOCK_S)
+    keys = _local_expert_keys(ids_ptr, expert_map_ptr, slots, slots < num_slots, NUM_EXPERTS,
+                              NUM_GLOBAL_EXPERTS, HAS_MAP)
+    ecols = tl.arange(0, NUM_BINS)
+    counts = tl.where(ecols < NUM_EXPERTS, tl.histogram(keys, NUM_BINS), 0)
+    token_incl, row_incl = _store_offsets(counts, counts_ptr, token_offsets_ptr, row_offsets_ptr,
+                                          tile_offsets_ptr, ecols, NUM_EXPERTS, ALIGN, NUM_HEIGHTS,
+                                          H0, H1, H2, H3)
+    padded = (counts + ALIGN - 1) // ALIGN * ALIGN
+    adj = (row_incl - padded) - (token_incl - counts)
+    tl.store(scratch_ptr + ecols, adj)
+    _fill_minus_one(sorted_slots_ptr, 0, max_rows, FILL_BLOCK)
+    tl.debug_barrier()  # scratch and the -1 fill are visible to every thread of the program
+    _sort_and_scatter(keys, 0, num_slots, scratch_ptr, sorted_slots_ptr, slot_rows_ptr, NUM_EXPERTS, BLOCK_S)
+
+
+@triton.jit
+def dispatch_single_kernel(
+    ids_ptr, expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
+    sorted_slots_ptr, slot_rows_ptr, scratch_ptr, num_slots, max_rows,
+    NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
+    NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
+    BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
+):
+    """Grid: (1,)."""
+    dispatch_single_program(
+        ids_ptr, expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
+        sorted_slots_ptr, slot_rows_ptr, scratch_ptr, num_slots, max_rows,
+        NUM_EXPERTS, NUM_GLOBAL_EXPERTS, HAS_MAP, ALIGN, NUM_HEIGHTS, H0, H1, H2, H3,
+        BLOCK_S, NUM_BINS, FILL_BLOCK,
+    )
+
+
+@triton.jit
+def block_histogram_kernel(
+    ids_ptr, expert_map_ptr, hist_ptr, sorted_slots_ptr, num_slots, max_rows, fill_stripe,
+    NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
+    BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
+):
+    """Grid: (num_blocks,). hist[b, 0:NUM_BINS] = histogram of block b's local expert keys."""
+    b = tl.program_id(0)
+    slots = b * BLOCK_S + tl.arange(0, BLOCK_S)
+    keys = _local_expert_keys(ids_ptr, expert_map_ptr, slots, slots < num_slots, NUM_EXPERTS,
+                              NUM_GLOBAL_EXPERTS, HAS_MAP)
+    ecols = tl.arange(0, NUM_BINS)
+    tl.store(hist_ptr + b * NUM_BINS + ecols, tl.histogram(keys, NUM_BINS))
+    start = b * fill_stripe
+    _fill_minus_one(sorted_slots_ptr, start, tl.minimum(start + fill_stripe, max_rows), FILL_BLOCK)
+
+
+@triton.jit
+def scan_kernel(
+    hist_ptr, adj_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr, num_blocks,
+    NUM_EXPERTS: tl.constexpr, ALIGN: tl.constexpr,
+    NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
+    NUM_BINS: tl.constexpr, BLOCK_B: tl.constexpr,
+):
+    """Grid: (1,). adj[b, e] = row_offsets[e] + sum_{b'<b} hist[b', e] - sum_{e'<e} hist[b, e']."""
+    ecols = tl.arange(0, NUM_BINS)
+    e_ok = ecols < NUM_EXPERTS
+    bl = tl.arange(0, BLOCK_B)
+    counts = tl.zeros([NUM_BINS], tl.int32)
+    for b0 in range(0, num_blocks, BLOCK_B):  # pass 1: totals per expert
+        m = (b0 + bl < num_blocks)[:, None] & e_ok[None, :]
+        h = tl.load(hist_ptr + (b0 + bl)[:, None] * NUM_BINS + ecols[None, :], mask=m, other=0)
+        counts += tl.sum(h, axis=0)
+    token_incl, row_incl = _store_offsets(counts, counts_ptr, token_offsets_ptr, row_offsets_ptr,
+                                          tile_offsets_ptr, ecols, NUM_EXPERTS, ALIGN, NUM_HEIGHTS,
+                                          H0, H1, H2, H3)
+    carry = row_incl - (counts + ALIGN - 1) // ALIGN * ALIGN  # row_offsets[e], then + rows of earlier blocks
+    for b0 in range(0, num_blocks, BLOCK_B):  # pass 2: adjustments per (block, expert)
+        b_ok = (b0 + bl) < num_blocks
+        offs = (b0 + bl)[:, None] * NUM_BINS + ecols[None, :]
+        h = tl.load(hist_ptr + offs, mask=b_ok[:, None] & e_ok[None, :], other=0)
+        before_blocks = tl.cumsum(h, axis=0) - h
+        before_experts = tl.cumsum(h, axis=1) - h
+        adj = carry[None, :] + before_blocks - before_experts
+        tl.store(adj_ptr + offs, adj, mask=b_ok[:, None])
+        carry += tl.sum(h, axis=0)
+
+
+@triton.jit
+def place_kernel(
+    ids_ptr, expert_map_ptr, adj_ptr, sorted_slots_ptr, slot_rows_ptr, num_slots,
+    NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
+    BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr,
+):
+    """Grid: (num_blocks,). Stable rank inside the block by sorting; rows from adj[b, :]."""
+    b = tl.program_id(0)
+    slot0 = b * BLOCK_S
+    slots = slot0 + tl.arange(0, BLOCK_S)
+    keys = _local_expert_keys(ids_ptr, expert_map_ptr, slots, slots < num_slots, NUM_EXPERTS,
+                              NUM_GLOBAL_EXPERTS, HAS_MAP)
+    _sort_and_scatter(keys, slot0, num_slots, adj_ptr + b * NUM_BINS, sorted_slots_ptr, slot_rows_ptr,
+                      NUM_EXPERTS, BLOCK_S)
+
+
+@triton.jit
+def route_dispatch_fused_kernel(
+    logits_ptr, bias_ptr, weights_ptr, ids_ptr, num_tokens, stride_logits, routed_scaling_factor,
+    expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
+    sorted_slots_ptr, slot_rows_ptr, scratch_ptr, num_slots, max_rows,
+    R_NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, SCORING: tl.constexpr, RENORMALIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NUM_GROUPS: tl.constexpr, TOPK_GROUP: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
+    NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
+    NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
+    BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
+):
+    """Grid: (1,). Small T (decode): route every token, barrier, then the single-program dispatch, in one
+    launch. R_NUM_EXPERTS: experts in the logits (global); NUM_EXPERTS: local experts of the dispatch."""
+    for tok0 in range(0, num_tokens, BLOCK_T):
+        route_token_block(
+            logits_ptr, bias_ptr, weights_ptr, ids_ptr, tok0, num_tokens, stride_logits, routed_scaling_factor,
+            R_NUM_EXPERTS, TOP_K, SCORING, RENORMALIZE, HAS_BIAS, NUM_GROUPS, TOPK_GROUP,
+            BLOCK_T, BLOCK_E, BLOCK_K, BLOCK_G, USE_LIBDEVICE,
+        )
+    tl.debug_barrier()  # the ids stored above are read back by other threads of this program
+    dispatch_single_program(
+        ids_ptr, expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
+        sorted_slots_ptr, slot_rows_ptr, scratch_ptr, num_slots, max_rows,
+        NUM_EXPERTS, NUM_GLOBAL_EXPERTS, HAS_MAP, ALIGN, NUM_HEIGHTS, H0, H1, H2, H3,
+        BLOCK_S, NUM_BINS, FILL_BLOCK,
+    )

@@ -1,0 +1,73 @@
+"""Gather and combine kernels (Triton): hidden rows into expert order, and expert outputs back to tokens.
+
+gather_kernel: grid (cdiv(T*k, BLOCK_S), cdiv(H, BLOCK_H)). A program takes a block of slots s = t*k + j,
+  reads slot_rows[s] (padded row or -1) and copies hidden[s // k, h-block] to a1[row, h-block], optionally
+  times scale[s] (fp32 math, rounded once to the activation dtype). Work is per slot, so the grid is static
+  (T*k) and never walks the padding rows: they are left untouched (docs/design.md allows it). Rows are
+  contiguous in H: with H a multiple of 8 (bf16/fp16) Triton issues 16-byte vector loads and stores.
+combine_kernel: grid (cdiv(T, BLOCK_T), cdiv(H, BLOCK_H)). A program owns a block of tokens and columns
+  and loops j = 0 .. k-1 in order: acc += w[t, j] * y[slot_rows[t*k+j]] in fp32, slots with row -1 add
+  nothing (even with a NaN weight). One writer per output element and a fixed order: bit-stable runs.
+No shared memory, no atomics. Limits: hidden / y / out contiguous rows (stride in H of 1).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["gather_kernel", "combine_kernel", "permute_launch_params"]
+
+
+@triton.jit
+def gather_kernel(
+    hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, num_slots, hidden_size, stride_hidden, stride_a1,
+    TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    slot_ok = slots < num_slots
+    rows = tl.load(slot_rows_ptr + slots, mask=slot_ok, other=-1)
+    valid = rows >= 0
+    tokens = slots // TOP_K
+    col_ok = cols < hidden_size
+    m = valid[:, None] & col_ok[None, :]
+    x = tl.load(hidden_ptr + tokens.to(tl.int64)[:, None] * stride_hidden + cols[None, :], mask=m, other=0.0)
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + slots, mask=valid, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * s[:, None]).to(a1_ptr.dtype.element_ty)
+    tl.store(a1_ptr + rows.to(tl.int64)[:, None] * stride_a1 + cols[None, :], x, mask=m)
+
+
+@triton.jit
+def combine_kernel(
+    y_ptr, weights_ptr, slot_rows_ptr, out_ptr, num_tokens, hidden_size, stride_y, stride_out,
+    TOP_K: tl.constexpr, HAS_WEIGHTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    tok_ok = tokens < num_tokens
+    col_ok = cols < hidden_size
+    acc = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
+    for j in tl.static_range(TOP_K):
+        slot = tokens.to(tl.int64) * TOP_K + j
+        row = tl.load(slot_rows_ptr + slot, mask=tok_ok, other=-1)
+        valid = row >= 0
+        m = valid[:, None] & col_ok[None, :]
+        y = tl.load(y_ptr + row.to(tl.int64)[:, None] * stride_y + cols[None, :], mask=m, other=0.0)
+        y = y.to(tl.float32)
+        if HAS_WEIGHTS:
+            w = tl.load(weights_ptr + slot, mask=tok_ok, other=0.0)
+            y = y * w[:, None]
+        acc += tl.where(m, y, 0.0)
+    out_mask = tok_ok[:, None] & col_ok[None, :]
+    tl.store(out_ptr + tokens.to(tl.int64)[:, None] * stride_out + cols[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def permute_launch_params(hidden_size: int, element_size: int) -> tuple[int, int]:
+    """(BLOCK_H, num_warps): 16-byte vectors, 4 warps x 32 lanes across a 1-4 KiB slab of a row."""
+    vec = max(1, 16 // element_size)
+    block_h = min(triton.next_power_of_2(max(hidden_size, 1)), 128 * vec * 2)
+    block_h = max(block_h, 16)
+    num_warps = 4 if block_h >= 128 * vec else max(1, block_h // (32 * vec))
+    return block_h, num_warps

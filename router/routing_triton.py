@@ -1,0 +1,202 @@
+"""Fused routing kernel (Triton): router logits -> (topk_weights fp32, topk_ids int32), one launch.
+
+Program layout: one program per block of BLOCK_T tokens; the whole row of E logits of each token sits in
+registers (BLOCK_E = next power of two >= E, at most 512). No shared-memory pipeline, no atomics: every
+step is a row reduction (tl.max / tl.min / tl.sum over the expert axis).
+
+Steps for a token block:
+  1. load logits [BLOCK_T, BLOCK_E] (bf16 / fp16 / fp32), upcast to fp32;
+  2. score: softmax over E (SOFTMAX), sigmoid (+ correction bias for the selection key, SIGMOID_GROUPED),
+     or the raw logits (TOPK_SOFTMAX, SIGMOID_TOP1);
+  3. group-limited selection (SIGMOID_GROUPED with groups): group score = sum of the two best keys of the
+     group, keep the best topk_group groups, mask the other experts to -inf;
+  4. top-k by k rounds of arg-max: round j takes the largest key not yet taken, ties to the lower expert
+     index (a "taken" mask, not a -inf sentinel, so -inf and NaN rows still select distinct experts in
+     index order); NaN keys count as -inf, as in router/reference.py;
+  5. weights: the selected probabilities (SOFTMAX), softmax over the k selected logits (TOPK_SOFTMAX), or
+     sigmoid scores (SIGMOID_*); optional renormalization, then routed_scaling_factor.
+
+Math is fp32. exp is libdevice expf on CUDA (faithfully rounded; Triton's tl.exp is ex2.approx there), and
+numpy's exp under TRITON_INTERPRET=1 (CPU tensors). Limits: E <= 512, k <= 16, k <= E.
+The @triton.jit helper `route_token_block` is reused by the fused route + dispatch kernel.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "SCORING_CODES", "route_token_block", "route_kernel", "route_launch_params"]
+
+MAX_EXPERTS = 512
+MAX_TOP_K = 16
+
+# Scoring -> integer code seen by the kernels (keys are Scoring.value strings to avoid an import cycle).
+SCORING_CODES = {"softmax": 0, "topk_softmax": 1, "sigmoid_grouped": 2, "sigmoid_top1": 3}
+
+
+@triton.jit
+def _exp_f32(x, USE_LIBDEVICE: tl.constexpr):
+    if USE_LIBDEVICE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _argmax_untaken(key, taken, cols, BLOCK: tl.constexpr):
+    """Per row: index of the largest key among untaken columns, ties to the lower index."""
+    cand = tl.where(taken, float("-inf"), key)
+    best = tl.max(cand, axis=1)
+    hit = (cand == best[:, None]) & (taken == 0)
+    return tl.min(tl.where(hit, cols[None, :], BLOCK), axis=1)
+
+
+@triton.jit
+def route_token_block(
+    logits_ptr,
+    bias_ptr,
+    weights_ptr,
+    ids_ptr,
+    tok0,
+    num_tokens,
+    stride_logits,
+    routed_scaling_factor,
+    NUM_EXPERTS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    SCORING: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    USE_LIBDEVICE: tl.constexpr,
+):
+    """Route tokens tok0 .. tok0+BLOCK_T-1 (rows past num_tokens are ignored)."""
+    rows = tok0 + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_E)
+    kcols = tl.arange(0, BLOCK_K)
+    row_ok = rows < num_tokens
+    col_ok = cols < NUM_EXPERTS
+    ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_logits + cols[None, :]
+    x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+    neg_inf = float("-inf")
+
+    if SCORING == 0:  # SOFTMAX: probabilities over E, select on them
+        xm = tl.where(col_ok[None, :], x, neg_inf)
+        row_max = tl.max(xm, axis=1)
+        p = _exp_f32(xm - row_max[:, None], USE_LIBDEVICE)
+        value = p / tl.sum(p, axis=1)[:, None]
+        raw_key = value
+    elif SCORING == 2:  # SIGMOID_GROUPED: weights from sigmoid, selection on sigmoid + bias
+        value = 1.0 / (1.0 + _exp_f32(-x, USE_LIBDEVICE))
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            raw_key = value + bias[None, :]
+        else:
+            raw_key = value
+    else:  # TOPK_SOFTMAX, SIGMOID_TOP1: select on the logits
+        value = x
+        raw_key = x
+    key = tl.where(raw_key != raw_key, neg_inf, raw_key)  # NaN never beats a number
+
+    if NUM_GROUPS > 0:  # group-limited selection (SIGMOID_GROUPED only; validated on the host)
+        per_group: tl.constexpr = NUM_EXPERTS // NUM_GROUPS
+        group_of_col = cols // per_group
+        gcols = tl.arange(0, BLOCK_G)
+        group_scores = tl.full([BLOCK_T, BLOCK_G], neg_inf, tl.float32)
+        for g in tl.static_range(NUM_GROUPS):
+            in_group = (group_of_col == g) & col_ok
+            c = tl.where(in_group[None, :], key, neg_inf)
+            best1 = tl.max(c, axis=1)
+            hit = (c == best1[:, None]) & in_group[None, :]
+            first = tl.min(tl.where(hit, cols[None, :], BLOCK_E), axis=1)
+            best2 = tl.max(tl.where(cols[None, :] == first[:, None], neg_inf, c), axis=1)
+            group_scores = tl.where(gcols[None, :] == g, (best1 + best2)[:, None], group_scores)
+        group_taken = tl.zeros([BLOCK_T, BLOCK_G], tl.int1) | (gcols >= NUM_GROUPS)[None, :]
+        keep = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
+        for _ in tl.static_range(TOPK_GROUP):
+            gbest = _argmax_untaken(group_scores, group_taken, gcols, BLOCK_G)
+            group_taken = group_taken | (gcols[None, :] == gbest[:, None])
+            keep = keep | (group_of_col[None, :] == gbest[:, None])
+        key = tl.where(keep, key, neg_inf)
+
+    taken = tl.zeros([BLOCK_T, BLOCK_E], tl.int1) | (cols >= NUM_EXPERTS)[None, :]
+    top_ids = tl.zeros([BLOCK_T, BLOCK_K], tl.int32)
+    top_vals = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)
+    for j in tl.static_range(TOP_K):
+        best = _argmax_untaken(key, taken, cols, BLOCK_E)
+        sel = cols[None, :] == best[:, None]
+        taken = taken | sel
+        v = tl.sum(tl.where(sel, value, 0.0), axis=1)  # exact: one non-zero term, NaN kept
+        top_ids = tl.where(kcols[None, :] == j, best[:, None], top_ids)
+        top_vals = tl.where(kcols[None, :] == j, v[:, None], top_vals)
+
+    k_ok = kcols < TOP_K
+    if SCORING == 1:  # TOPK_SOFTMAX: softmax over the k selected logits
+        vm = tl.where(k_ok[None, :], top_vals, neg_inf)
+        e = _exp_f32(vm - tl.max(vm, axis=1)[:, None], USE_LIBDEVICE)
+        weights = e / tl.sum(e, axis=1)[:, None]
+    elif SCORING == 3:  # SIGMOID_TOP1: weight = sigmoid(logit)
+        weights = tl.where(k_ok[None, :], 1.0 / (1.0 + _exp_f32(-top_vals, USE_LIBDEVICE)), 0.0)
+        if RENORMALIZE and TOP_K > 1:
+            weights = weights / tl.sum(weights, axis=1)[:, None]
+    else:  # SOFTMAX, SIGMOID_GROUPED: the selected scores
+        weights = top_vals
+        if RENORMALIZE:
+            weights = weights / tl.sum(weights, axis=1)[:, None]
+    weights = weights * routed_scaling_factor
+
+    out_offs = rows.to(tl.int64)[:, None] * TOP_K + kcols[None, :]
+    out_mask = row_ok[:, None] & k_ok[None, :]
+    tl.store(weights_ptr + out_offs, weights, mask=out_mask)
+    tl.store(ids_ptr + out_offs, top_ids, mask=out_mask)
+
+
+@triton.jit
+def route_kernel(
+    logits_ptr,
+    bias_ptr,
+    weights_ptr,
+    ids_ptr,
+    num_tokens,
+    stride_logits,
+    routed_scaling_factor,
+    NUM_EXPERTS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    SCORING: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    USE_LIBDEVICE: tl.constexpr,
+):
+    """Grid: (cdiv(T, BLOCK_T),). Each program routes one block of tokens."""
+    tok0 = tl.program_id(0) * BLOCK_T
+    route_token_block(
+        logits_ptr, bias_ptr, weights_ptr, ids_ptr, tok0, num_tokens, stride_logits, routed_scaling_factor,
+        NUM_EXPERTS, TOP_K, SCORING, RENORMALIZE, HAS_BIAS, NUM_GROUPS, TOPK_GROUP,
+        BLOCK_T, BLOCK_E, BLOCK_K, BLOCK_G, USE_LIBDEVICE,
+    )
+
+
+def route_launch_params(num_tokens: int, num_experts: int, num_sms: int = 132) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_E, num_warps) for the routing kernel.
+
+    About 2048 fp32 logits per program at most; fewer tokens per program while that leaves SMs idle (small
+    T is latency-bound: spread it). Depends on T only through a power-of-two bucket.
+    """
+    block_e = max(16, triton.next_power_of_2(num_experts))
+    cap = max(1, 2048 // block_e)
+    spread = triton.next_power_of_2(max(1, -(-num_tokens // num_sms)))
+    block_t = max(1, min(cap, spread))
+    elems = block_t * block_e
+    num_warps = 4 if elems >= 1024 else (2 if elems >= 256 else 1)
+    return block_t, block_e, num_warps

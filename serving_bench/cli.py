@@ -1,0 +1,240 @@
+"""`moe2cta-bench` (also `python -m moe2cta.serving_bench`): the serving latency benchmark.
+
+With no arguments on a GPU: a quick default (qwen3-30b-a3b and mixtral-8x7b, T = 1..8192, uniform
+routing, every available backend), under two minutes on an H200. `--full`: the whole grid (5 models x
+T in {1, 8, 32, 128, 512, 2048, 8192, 32768}); `--models` picks a subset. Without a GPU: a small
+qwen3-30b-a3b-like shape on the CPU torch backends, said so in the output.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from moe2cta.presets import PRESETS, custom_preset, get_preset
+
+from .backends import BACKENDS, DEFAULT_CPU_BACKENDS, DEFAULT_GPU_BACKENDS
+from .distributions import DistributionKind, RoutingDistribution
+from .floors import DEFAULT_CEILINGS, CeilingSource, Ceilings, measure_ceilings
+from .progress import Progress, ProgressStyle
+from .runner import RunConfig, run_benchmark
+from .timing import TimingConfig
+from .trace import TraceConfig, bucket_tokens
+
+__all__ = ["main", "build_parser", "plan_from_args", "DECODE_TOKENS", "PREFILL_TOKENS"]
+
+DECODE_TOKENS = (1, 8, 32, 128, 512)
+PREFILL_TOKENS = (2048, 8192, 32768)
+QUICK_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b")
+QUICK_PREFILL_TOKENS = (2048, 8192)
+CPU_PRESET = "256,128,16,4"  # qwen3-30b-a3b-like (E=16 of k=4 here), small enough for 2 CPU cores
+CPU_PREFILL_TOKENS = (2048,)
+CPU_TRACE = TraceConfig(num_requests=24, arrival_rate=40.0, mean_prompt_tokens=96, mean_output_tokens=16,
+                        max_prompt_tokens=512, max_output_tokens=64, token_budget=512, max_running=32)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="moe2cta-bench",
+        description="Serving latency of one MoE layer: moe2cta backends beside torch and flashinfer peers, "
+        "against the physical floor of the card.",
+    )
+    g = p.add_argument_group("what to run")
+    g.add_argument("--models", help=f"comma-separated presets or 'all' ({', '.join(PRESETS)})")
+    g.add_argument("--custom", action="append", default=[], metavar="H,I,E,k", help="a custom shape (repeatable)")
+    g.add_argument("--full", action="store_true", help="the whole grid: 5 models x T in 1..32768")
+    g.add_argument("--scenario", choices=("sweep", "decode", "prefill", "trace", "all"), default="sweep",
+                   help="decode (T 1..512), prefill (T 2048..32768), sweep = both, trace = serving trace, all")
+    g.add_argument("--tokens", type=_int_list, help="token counts of the sweep, e.g. 1,8,32 (overrides the scenario's)")
+    g.add_argument("--routing", default="uniform",
+                   help="comma-separated: uniform, balanced, zipf[:s], dirichlet[:alpha], hot (default uniform)")
+    g.add_argument("--backends", help=f"comma-separated or 'all' ({', '.join(BACKENDS)})")
+    g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    g.add_argument("--list", action="store_true", help="list presets, backends (with availability) and exit")
+    m = p.add_argument_group("method")
+    m.add_argument("--no-measure-ceilings", action="store_true", help="use 4.24 TB/s and 792 TFLOP/s, do not measure")
+    m.add_argument("--bandwidth-tbps", type=float, help="copy bandwidth for the floor (TB/s)")
+    m.add_argument("--peak-tflops", type=float, help="bf16 matmul peak for the floor (TFLOP/s)")
+    m.add_argument("--time-per-case", type=float, help="seconds of sampling per case (default 0.2 GPU, 0.05 CPU)")
+    m.add_argument("--max-samples", type=int, default=300)
+    m.add_argument("--check-rows", type=int, default=256, help="token rows checked against the fp32 reference")
+    m.add_argument("--seed", type=int, default=0)
+    t = p.add_argument_group("serving trace")
+    t.add_argument("--trace-requests", type=int, help="requests (default 200; CPU 24)")
+    t.add_argument("--trace-rate", type=float, help="Poisson arrivals per second (default 8)")
+    t.add_argument("--trace-prompt", type=int, help="mean prompt tokens (default 1024)")
+    t.add_argument("--trace-output", type=int, help="mean output tokens (default 256)")
+    t.add_argument("--trace-budget", type=int, help="tokens per step (default 8192)")
+    t.add_argument("--trace-max-running", type=int, help="requests in flight (default 256)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", type=Path, help="output folder (default ./moe2cta-bench-YYYYmmdd-HHMMSS)")
+    o.add_argument("--no-plots", action="store_true")
+    o.add_argument("--progress", choices=[s.value for s in ProgressStyle], default="auto")
+    return p
+
+
+def _device(choice: str) -> torch.device:
+    if choice == "cpu":
+        return torch.device("cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("moe2cta-bench: --device cuda but torch sees no CUDA GPU")
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _trace_config(args, on_gpu: bool) -> TraceConfig:
+    base = TraceConfig() if on_gpu else CPU_TRACE
+    overrides = {
+        "num_requests": args.trace_requests,
+        "arrival_rate": args.trace_rate,
+        "mean_prompt_tokens": args.trace_prompt,
+        "mean_output_tokens": args.trace_output,
+        "token_budget": args.trace_budget,
+        "max_running": args.trace_max_running,
+        "seed": args.seed,
+    }
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if "mean_prompt_tokens" in changes:
+        changes.setdefault("max_prompt_tokens", max(base.max_prompt_tokens, 16 * changes["mean_prompt_tokens"]))
+    if "mean_output_tokens" in changes:
+        changes.setdefault("max_output_tokens", max(base.max_output_tokens, 16 * changes["mean_output_tokens"]))
+    import dataclasses
+
+    return dataclasses.replace(base, **changes)
+
+
+def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
+    """The run the arguments ask for, and lines to print before it starts."""
+    device = _device(args.device)
+    on_gpu = device.type == "cuda"
+    notes = []
+    if args.models and args.models.strip().lower() == "all":
+        models = [PRESETS[name] for name in PRESETS]
+    elif args.models:
+        models = [get_preset(name.strip()) for name in args.models.split(",") if name.strip()]
+    else:
+        models = []
+    models += [custom_preset(spec) for spec in args.custom]
+    if not models:
+        if not on_gpu:
+            models = [custom_preset(CPU_PRESET)]
+        elif args.full:
+            models = [PRESETS[name] for name in PRESETS]
+        else:
+            models = [PRESETS[name] for name in QUICK_MODELS]
+    if not on_gpu:
+        notes.append(
+            "No CUDA GPU found: running on the CPU with the torch backends"
+            + (f" and the small qwen3-30b-a3b-like preset {models[0].name}" if not (args.models or args.custom) else "")
+            + ". CPU times only check the harness; run on a GPU for real numbers."
+        )
+    if args.tokens:
+        tokens = args.tokens
+    else:
+        prefill = PREFILL_TOKENS if args.full else (QUICK_PREFILL_TOKENS if on_gpu else CPU_PREFILL_TOKENS)
+        tokens = {"decode": DECODE_TOKENS, "prefill": prefill, "sweep": DECODE_TOKENS + prefill,
+                  "all": DECODE_TOKENS + prefill, "trace": ()}[args.scenario]
+    trace = _trace_config(args, on_gpu) if args.scenario in ("trace", "all") else None
+    distributions = tuple(RoutingDistribution.parse(x) for x in args.routing.split(",") if x.strip())
+    if args.backends and args.backends.strip().lower() == "all":
+        backends = tuple(BACKENDS)
+    elif args.backends:
+        backends = tuple(x.strip() for x in args.backends.split(",") if x.strip())
+    else:
+        backends = DEFAULT_GPU_BACKENDS if on_gpu else DEFAULT_CPU_BACKENDS
+    ceilings = DEFAULT_CEILINGS
+    if args.bandwidth_tbps or args.peak_tflops:
+        ceilings = Ceilings((args.bandwidth_tbps or DEFAULT_CEILINGS.bandwidth / 1e12) * 1e12,
+                            (args.peak_tflops or DEFAULT_CEILINGS.matmul_flops / 1e12) * 1e12, CeilingSource.USER)
+    elif on_gpu and not args.no_measure_ceilings:
+        try:
+            ceilings = measure_ceilings(device)
+        except Exception as exc:
+            notes.append(f"measuring ceilings failed ({type(exc).__name__}: {exc}); using the defaults")
+    timing = TimingConfig(
+        target_seconds=args.time_per_case or (0.2 if on_gpu else 0.05),
+        max_samples=args.max_samples,
+        min_samples=min(10, args.max_samples),
+    )
+    run = RunConfig(tuple(models), tuple(tokens), distributions, backends, device, ceilings, timing, trace,
+                    args.seed, args.check_rows)
+    if trace is not None and trace.token_budget > 1 << 17:
+        raise ValueError("--trace-budget: expected <= 131072 tokens per step")
+    return run, notes
+
+
+def _list(device: torch.device) -> str:
+    lines = ["presets:"]
+    for p in PRESETS.values():
+        lines.append(f"  {p.name:16s} H={p.hidden} I={p.intermediate} E={p.num_experts} k={p.top_k} "
+                     f"{p.routing.scoring.value} {p.activation.value}{' +bias' if p.has_bias else ''}")
+    lines.append(f"backends (on {device}):")
+    for spec in BACKENDS.values():
+        ok, why = spec.availability(device)
+        lines.append(f"  {spec.name:14s} {spec.family.value:8s} {'available' if ok else 'unavailable: ' + why}")
+    lines.append("routing distributions: " + ", ".join(k.value for k in DistributionKind) + " (zipf:S, dirichlet:ALPHA)")
+    return "\n".join(lines)
+
+
+def _case_count(run: RunConfig) -> int:
+    tokens = set(run.sweep_tokens)
+    if run.trace is not None:
+        from .trace import generate_requests, schedule_steps
+
+        steps = schedule_steps(generate_requests(run.trace), run.trace)
+        tokens |= {bucket_tokens(s.num_tokens) for s in steps}
+    return len(run.models) * len(run.distributions) * len(tokens) * len(run.backends)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list:
+        print(_list(_device(args.device)))
+        return 0
+    try:
+        run, notes = plan_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    out_dir = args.out or Path.cwd() / time.strftime("moe2cta-bench-%Y%m%d-%H%M%S")
+    for line in notes:
+        print(line)
+    total = _case_count(run)
+    print(
+        f"moe2cta-bench: {len(run.models)} model(s) x {len(run.distributions)} routing x "
+        f"{len(run.backends)} backend(s), {total} cases on {run.device}; ceilings {run.ceilings.describe()}",
+        flush=True,
+    )
+    progress = Progress(total, style=ProgressStyle(args.progress))
+    try:
+        bench = run_benchmark(run, progress)
+    finally:
+        progress.close()
+    from .plots import write_plots
+    from .report import terminal_report, write_reports
+
+    plots, plot_message = ({}, "plots skipped (--no-plots)") if args.no_plots else write_plots(bench, out_dir)
+    paths = write_reports(bench, out_dir, plots)
+    print(terminal_report(bench))
+    for line in notes:
+        print(line)
+    if plot_message:
+        print(plot_message)
+    print(f"wrote {paths['json']}, {paths['markdown']}" + "".join(f", {out_dir / f}" for f in plots.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

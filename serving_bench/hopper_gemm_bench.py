@@ -1,0 +1,336 @@
+"""H200 driver for the sm90 CuTe grouped GEMM: correctness against the torch twin, then timings.
+
+Two steps, so that the GPU host needs no CuTe DSL compiler:
+
+    # here (no GPU): compile every kernel this script runs into a bundle
+    python serving_bench/hopper_gemm_bench.py build --out .kernels/sm90
+    # on the H200 (bundle runtime activated: source .bundle/rt/activate.sh)
+    python3 serving_bench/hopper_gemm_bench.py run --kernel-dir .kernels/sm90 --json $OUT/sm90.json
+
+`run` checks small problems over random, skewed, zero-expert and one-expert routings for every variant
+(output poisoned with NaN first; error ||out - ref|| / ||ref|| on valid rows against an fp32 reference,
+bound 2x a same-dtype torch run's error + 1e-3), then times GEMM1 / GEMM2 of model presets at a few
+token counts: CUDA-graph replay, median of many replays, inputs rotated over several copies so that L2
+holds none of them; pair vs single work units and static vs dynamic scheduler in the same run. A
+watchdog ends the process if one kernel call hangs (naming it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+import torch
+
+try:  # installed package
+    from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
+    from moe2cta.grouped_gemm.budget import WorkUnit
+    from moe2cta.grouped_gemm.epilogue import Activation
+    from moe2cta.grouped_gemm.reference import grouped_gemm1_reference, grouped_gemm2_reference
+except ImportError:  # a bare checkout (the GPU host): import grouped_gemm/ as a top-level package
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from grouped_gemm import sm90_grouped_gemm as s90  # type: ignore[no-redef]
+    from grouped_gemm.budget import WorkUnit  # type: ignore[no-redef]
+    from grouped_gemm.epilogue import Activation  # type: ignore[no-redef]
+    from grouped_gemm.reference import grouped_gemm1_reference, grouped_gemm2_reference  # type: ignore[no-redef]
+
+Cfg = s90.Sm90GemmConfig
+Problem = s90.Sm90Problem
+G1, G2 = s90.GemmKind.GEMM1, s90.GemmKind.GEMM2
+ALIGN = 128
+
+# ------------------------------------------------------------------------------------------ variants
+# small correctness problem: E experts, hidden H, intermediate I
+CHECK_E, CHECK_H, CHECK_I = 8, 256, 192
+
+
+def check_variants():
+    """(name, config, problem) for the correctness tier, simplest first."""
+    bf = torch.bfloat16
+    pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
+    single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE)
+    dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
+    decode = Cfg(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_N)
+    p1 = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU)
+    p1_gelu = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.GELU_GATED)
+    p1_oai = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU_OAI, has_bias=True)
+    p2 = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, False, True)
+    p2_bias = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, True, True)
+    p2_plain = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, False, False)
+    return [
+        ("g1_swiglu_single", single, p1),
+        ("g1_swiglu_pair", pair, p1),
+        ("g1_swiglu_dynamic", dyn, p1),
+        ("g1_swiglu_decode64", decode, p1),
+        ("g1_gelu_single", single, p1_gelu),
+        ("g1_oai_bias_pair", pair, p1_oai),
+        ("g2_rowscale_pair", pair, p2),
+        ("g2_rowscale_bias_dynamic", dyn, p2_bias),
+        ("g2_plain_single", single, p2_plain),
+    ]
+
+
+BENCH_MODELS = {"qwen3-30b-a3b": (2048, 768, 128, 8)}  # H, I, E, top_k
+
+
+def bench_variants():
+    out = []
+    for model, (hidden, inter, experts, _) in BENCH_MODELS.items():
+        p1 = Problem(G1, 2 * inter, hidden, experts, torch.bfloat16, Activation.SWIGLU)
+        p2 = Problem(G2, hidden, inter, experts, torch.bfloat16, None, False, True)
+        for tag, problem in (("gemm1", p1), ("gemm2", p2)):
+            out += [
+                (f"{model}/{tag}/pair", Cfg(work_unit=WorkUnit.PAIR, pair_threshold=256), problem),
+                (f"{model}/{tag}/single", Cfg(work_unit=WorkUnit.SINGLE), problem),
+                (f"{model}/{tag}/dynamic", Cfg(work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC), problem),
+                (f"{model}/{tag}/decode64", Cfg(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE), problem),
+            ]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ build
+def build(out_dir: str, keep_ptx: bool) -> None:
+    seen = set()
+    start = time.time()
+    for name, cfg, problem in check_variants() + bench_variants():
+        key = s90.kernel_key(cfg, problem)
+        if key in seen:
+            continue
+        seen.add(key)
+        t = time.time()
+        compiled = s90.compile_kernel(cfg, problem, keep_ptx=keep_ptx)
+        s90_export(compiled, key, out_dir, keep_ptx, cfg, problem)
+        print(f"built {name:36s} {time.time() - t:5.1f} s  {key.file_stem()}", flush=True)
+    print(f"{len(seen)} kernels in {time.time() - start:.1f} s -> {out_dir}")
+
+
+def s90_export(compiled, key, out_dir, keep_ptx, cfg, problem):
+    import importlib
+
+    runtime = importlib.import_module(s90.__name__.rsplit(".", 1)[0] + ".cute_runtime")
+    runtime.export_kernel(compiled, key, out_dir, keep_ptx, smem_bytes=s90.smem_bytes(cfg, s90.resolve_stages(cfg)))
+
+
+# ------------------------------------------------------------------------------------------ routing
+def make_counts(kind: str, tokens: int, top_k: int, experts: int, gen: torch.Generator) -> torch.Tensor:
+    rows = tokens * top_k
+    if kind == "random":
+        ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+        return torch.bincount(ids.flatten(), minlength=experts).to(torch.int32)
+    if kind == "skewed":  # zipf-like: expert e gets weight 1/(e+1)^1.5
+        w = 1.0 / torch.arange(1, experts + 1, dtype=torch.float64) ** 1.5
+        ids = torch.multinomial(w, rows, replacement=True, generator=gen)
+        return torch.bincount(ids, minlength=experts).to(torch.int32)
+    if kind == "zero_experts":  # every other expert empty, odd counts
+        counts = torch.zeros(experts, dtype=torch.int32)
+        counts[1::2] = torch.randint(1, 300, (len(counts[1::2]),), generator=gen, dtype=torch.int32)
+        return counts
+    if kind == "one_expert":
+        counts = torch.zeros(experts, dtype=torch.int32)
+        counts[experts // 2] = rows
+        return counts
+    raise ValueError(kind)
+
+
+def padded_layout(counts: torch.Tensor, max_rows: int):
+    padded = (counts + ALIGN - 1) // ALIGN * ALIGN
+    row_offsets = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    row_offsets[1:] = torch.cumsum(padded, 0)
+    assert int(row_offsets[-1]) <= max_rows
+    return row_offsets
+
+
+# ------------------------------------------------------------------------------------------ run
+class Watchdog:
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.label = "start"
+        self.deadline = time.time() + seconds
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def arm(self, label: str, seconds: float | None = None):
+        self.label = label
+        self.deadline = time.time() + (seconds or self.seconds)
+
+    def _watch(self):
+        while True:
+            time.sleep(0.5)
+            if time.time() > self.deadline:
+                print(f"WATCHDOG: no progress for {self.seconds:.0f} s in: {self.label}", flush=True)
+                os._exit(3)
+
+
+def call(cfg, problem, a, w, ro, cn, bias, row_scale, out, kdir):
+    if problem.kind is G1:
+        return s90.sm90_grouped_gemm1(a, w, ro, cn, problem.activation, b13=bias, out=out, config=cfg,
+                                      kernel_directory=kdir)
+    return s90.sm90_grouped_gemm2(a, w, ro, cn, row_scale=row_scale, b2=bias, out=out, config=cfg,
+                                  kernel_directory=kdir)
+
+
+def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
+    dev = torch.device("cuda")
+    tokens, top_k, experts = 300, 4, problem.num_experts
+    counts = make_counts(routing, tokens, top_k, experts, gen)
+    max_rows = tokens * top_k + experts * (ALIGN - 1)
+    ro = padded_layout(counts, max_rows)
+    k, n = problem.k, problem.n
+    a = (torch.randn(max_rows, k, generator=gen) * 0.5).to(torch.bfloat16)
+    w = (torch.randn(experts, n, k, generator=gen) / k**0.5).to(torch.bfloat16)
+    bias = (torch.randn(experts, n, generator=gen) * 0.5) if problem.has_bias else None
+    row_scale = torch.rand(max_rows, generator=gen) if problem.has_row_scale else None
+    if problem.kind is G1:
+        ref = grouped_gemm1_reference(a.double(), w.double(), ro, counts, problem.activation,
+                                      None if bias is None else bias.double())
+        same = grouped_gemm1_reference(a.cuda(), w.cuda(), ro, counts, problem.activation,
+                                       None if bias is None else bias.cuda().to(torch.bfloat16)).cpu()
+        w_dev = s90.prepack_w13(w.cuda())
+    else:
+        ref = grouped_gemm2_reference(a.double(), w.double(), ro, counts, None if row_scale is None else row_scale.double(),
+                                      None if bias is None else bias.double())
+        same = grouped_gemm2_reference(a.cuda(), w.cuda(), ro, counts,
+                                       None if row_scale is None else row_scale.cuda().to(torch.bfloat16),
+                                       None if bias is None else bias.cuda().to(torch.bfloat16)).cpu()
+        w_dev = w.cuda()
+    out = torch.full((max_rows, problem.out_n), float("nan"), dtype=torch.bfloat16, device=dev)
+    dog.arm(f"{name} / {routing}")
+    call(cfg, problem, a.cuda(), w_dev, ro.cuda(), counts.cuda(), None if bias is None else bias.cuda(),
+         None if row_scale is None else row_scale.cuda(), out, kdir)
+    torch.cuda.synchronize()
+    out = out.cpu()
+    mask = torch.zeros(max_rows, dtype=torch.bool)
+    for e in range(experts):
+        mask[int(ro[e]): int(ro[e]) + int(counts[e])] = True
+    got, want, base = out[mask].double(), ref[mask].double(), same[mask].double()
+    unwritten = int(torch.isnan(got).any(dim=1).sum())
+    denom = want.norm().item() or 1.0
+    err = (got - want).norm().item() / denom
+    err_same = (base - want).norm().item() / denom
+    bound = 2 * err_same + 1e-3
+    ok = unwritten == 0 and err <= bound and bool(torch.isfinite(got).all())
+    # a second launch must give the same bits (a moving result is a race)
+    out2 = torch.full_like(out, float("nan")).cuda()
+    call(cfg, problem, a.cuda(), w_dev, ro.cuda(), counts.cuda(), None if bias is None else bias.cuda(),
+         None if row_scale is None else row_scale.cuda(), out2, kdir)
+    torch.cuda.synchronize()
+    stable = bool(torch.equal(out2.cpu()[mask], out[mask]))
+    return {"variant": name, "routing": routing, "rows": int(counts.sum()), "err": err, "err_torch_bf16": err_same,
+            "unwritten_rows": unwritten, "repeat_identical": stable, "ok": ok and stable}
+
+
+def run_checks(kdir, dog, only=None) -> list:
+    gen = torch.Generator().manual_seed(1234)
+    results = []
+    for name, cfg, problem in check_variants():
+        if only and name not in only:
+            continue
+        for routing in ("random", "skewed", "zero_experts", "one_expert"):
+            r = check_one(name, cfg, problem, routing, kdir, gen, dog)
+            results.append(r)
+            print(f"check {name:28s} {routing:13s} rows {r['rows']:5d} err {r['err']:.2e} "
+                  f"(bf16 torch {r['err_torch_bf16']:.2e}) unwritten {r['unwritten_rows']} "
+                  f"repeat {r['repeat_identical']} {'PASS' if r['ok'] else 'FAIL'}", flush=True)
+    return results
+
+
+def time_graph(fn, copies: int, replays: int = 20) -> float:
+    """Median ms of one call: a graph holding `copies` calls (one per rotated input set), replayed."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for i in range(copies):
+            fn(i)  # warm-up (loads the module)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(copies):
+            fn(i)
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / copies)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_bench(kdir, dog, tokens_list) -> list:
+    gen = torch.Generator().manual_seed(7)
+    dev = torch.device("cuda")
+    results = []
+    for model, (hidden, inter, experts, top_k) in BENCH_MODELS.items():
+        w13 = s90.prepack_w13((torch.randn(experts, 2 * inter, hidden, device=dev) / hidden**0.5).to(torch.bfloat16))
+        w2 = (torch.randn(experts, hidden, inter, device=dev) / inter**0.5).to(torch.bfloat16)
+        for tokens in tokens_list:
+            counts = make_counts("random", tokens, top_k, experts, gen)
+            max_rows = tokens * top_k + experts * (ALIGN - 1)
+            ro = padded_layout(counts, max_rows).to(dev)
+            cn = counts.to(dev)
+            rows = int(counts.sum())
+            active = int((counts > 0).sum())
+            copies = 4
+            a1 = [torch.randn(max_rows, hidden, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+            a2 = [torch.randn(max_rows, inter, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+            o1 = torch.empty(max_rows, inter, device=dev, dtype=torch.bfloat16)
+            o2 = torch.empty(max_rows, hidden, device=dev, dtype=torch.bfloat16)
+            rs = torch.rand(max_rows, device=dev)
+            for name, cfg, problem in bench_variants():
+                if not name.startswith(model):
+                    continue
+                if problem.kind is G1:
+                    fn = lambda i, cfg=cfg: s90.sm90_grouped_gemm1(a1[i], w13, ro, cn, Activation.SWIGLU, out=o1, config=cfg, kernel_directory=kdir)  # noqa: E731
+                    n, k, out_n = 2 * inter, hidden, inter
+                else:
+                    fn = lambda i, cfg=cfg: s90.sm90_grouped_gemm2(a2[i], w2, ro, cn, row_scale=rs, out=o2, config=cfg, kernel_directory=kdir)  # noqa: E731
+                    n, k, out_n = hidden, inter, hidden
+                dog.arm(f"bench {name} T={tokens}", 120)
+                ms = time_graph(fn, copies)
+                flops = 2.0 * rows * n * k
+                bytes_moved = active * n * k * 2 + rows * k * 2 + rows * out_n * 2
+                r = {"variant": name, "tokens": tokens, "rows": rows, "active_experts": active, "ms": ms,
+                     "tflops": flops / ms / 1e9, "tbps": bytes_moved / ms / 1e9,
+                     "floor_ms": max(flops / 790e12, bytes_moved / 4.3e12) * 1e3}
+                results.append(r)
+                print(f"bench {name:36s} T={tokens:5d} rows {rows:6d} {ms * 1e3:9.1f} us "
+                      f"{r['tflops']:7.1f} TFLOP/s {r['tbps']:6.2f} TB/s floor {r['floor_ms'] * 1e3:8.1f} us", flush=True)
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--out", required=True)
+    b.add_argument("--keep-ptx", action="store_true")
+    r = sub.add_parser("run")
+    r.add_argument("--kernel-dir", default=None)
+    r.add_argument("--json", default=None)
+    r.add_argument("--skip-check", action="store_true")
+    r.add_argument("--skip-bench", action="store_true")
+    r.add_argument("--only", nargs="*", default=None, help="check variants to run")
+    r.add_argument("--tokens", type=int, nargs="*", default=[16, 256, 2048, 8192])
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.out, args.keep_ptx)
+        return 0
+    dog = Watchdog(60)
+    report = {"device": torch.cuda.get_device_name(), "checks": [], "bench": []}
+    if not args.skip_check:
+        report["checks"] = run_checks(args.kernel_dir, dog, args.only)
+    if not args.skip_bench:
+        report["bench"] = run_bench(args.kernel_dir, dog, args.tokens)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    failed = [c for c in report["checks"] if not c["ok"]]
+    print(f"checks: {len(report['checks']) - len(failed)} pass, {len(failed)} fail")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,425 @@
+"""The benchmark loop: models x cases (T, routing distribution) x backends, each backend isolated.
+
+For each model: weights are made once (one copy). Every case's inputs are made once and shared by all
+backends: rotated (hidden, router logits) pairs, the routing of each (benchmark twin) for the floor, and
+the fp32 reference rows of the first pair. Then one backend at a time is built (it may prepack), run on
+every case (correctness first; a wrong backend is reported and not timed) and freed.
+
+Isolation: any exception in a backend's build, check or timing is recorded for that case and the run goes
+on. If the CUDA context itself is lost (a kernel fault is sticky), the remaining cases are marked as not
+run with the reason, and the results so far are still returned.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import gc
+import platform
+import time
+import zlib
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from moe2cta.presets import ModelPreset
+
+from .backends import BACKENDS, ExpertWeights, make_expert_weights
+from .correctness import CheckStatus, ReferenceRows, check_output, make_reference
+from .distributions import LoadSummary, RoutingDistribution, make_router_logits, summarize_load
+from .floors import TARGETS, Ceilings, moe_floor
+from .routing_twin import route_twin
+from .timing import TimingConfig, rotation_count, time_callable
+from .trace import Step, StepLatency, TraceConfig, TraceStats, step_latencies, trace_stats
+
+__all__ = [
+    "CaseStatus",
+    "CaseResult",
+    "TraceResult",
+    "RunConfig",
+    "BenchResults",
+    "run_benchmark",
+    "environment",
+    "summarize_backend",
+]
+
+
+class CaseStatus(enum.Enum):
+    OK = "ok"
+    WRONG = "wrong"  # failed the correctness check: not timed
+    ERROR = "error"  # raised
+    UNSUPPORTED = "unsupported"  # the backend says it cannot run this model
+    UNAVAILABLE = "unavailable"  # the backend cannot run on this machine
+    NOT_RUN = "not run"  # the CUDA context was lost earlier
+
+
+@dataclasses.dataclass
+class CaseResult:
+    model: str
+    distribution: str
+    tokens: int
+    backend: str
+    family: str
+    status: CaseStatus
+    reason: str
+    experts_hit: float
+    floor_us: float
+    floor_bound: str
+    median_us: float | None = None
+    p10_us: float | None = None
+    p90_us: float | None = None
+    p99_us: float | None = None
+    mean_us: float | None = None
+    timing_mode: str = ""
+    timing_note: str = ""
+    rel_err: float | None = None
+    tolerance: float | None = None
+    samples_us: tuple[float, ...] = ()
+
+    @property
+    def ratio(self) -> float | None:
+        if self.median_us is None or not self.floor_us:
+            return None
+        return self.median_us / self.floor_us
+
+    @property
+    def target(self) -> float:
+        return TARGETS.for_tokens(self.tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceResult:
+    model: str
+    distribution: str
+    backend: str
+    status: CaseStatus
+    reason: str
+    latency: StepLatency | None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    models: tuple[ModelPreset, ...]
+    sweep_tokens: tuple[int, ...]  # T of the decode / prefill sweeps (may be empty with a trace)
+    distributions: tuple[RoutingDistribution, ...]
+    backends: tuple[str, ...]
+    device: torch.device
+    ceilings: Ceilings
+    timing: TimingConfig = TimingConfig()
+    trace: TraceConfig | None = None
+    seed: int = 0
+    check_rows: int = 256
+
+    def __post_init__(self):
+        if not self.models:
+            raise ValueError("models: expected at least one model")
+        if not self.distributions:
+            raise ValueError("distributions: expected at least one routing distribution")
+        if not self.backends:
+            raise ValueError("backends: expected at least one backend")
+        unknown = [b for b in self.backends if b not in BACKENDS]
+        if unknown:
+            raise ValueError(f"backends: unknown {unknown}, expected names from {sorted(BACKENDS)}")
+        if not self.sweep_tokens and self.trace is None:
+            raise ValueError("sweep_tokens: expected token counts, or a trace")
+        if any(t < 1 for t in self.sweep_tokens):
+            raise ValueError(f"sweep_tokens: expected positive token counts, got {self.sweep_tokens}")
+
+
+@dataclasses.dataclass
+class BenchResults:
+    config: RunConfig
+    environment: dict
+    availability: dict[str, tuple[bool, str]]
+    results: list[CaseResult]
+    loads: dict[tuple[str, str, int], LoadSummary]  # (model, distribution, T) -> routing load of input 0
+    trace_steps: list[Step] | None = None
+    trace_stats: TraceStats | None = None
+    trace_results: list[TraceResult] = dataclasses.field(default_factory=list)
+    wall_seconds: float = 0.0
+
+    def sweep_results(self) -> list[CaseResult]:
+        sweep = set(self.config.sweep_tokens)
+        return [r for r in self.results if r.tokens in sweep]
+
+
+def environment(device: torch.device) -> dict:
+    env = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(
+            gpu=props.name,
+            capability=f"sm_{props.major}{props.minor}",
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+        )
+    else:
+        env["gpu"] = "none (CPU run: times are CPU times; floors use the H200 default ceilings)"
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:
+        pass
+    return env
+
+
+@dataclasses.dataclass
+class _CaseData:
+    tokens: int
+    distribution: RoutingDistribution
+    inputs: list[tuple[torch.Tensor, torch.Tensor]]
+    experts_hit: float
+    floor_us: float
+    floor_bound: str
+    load: LoadSummary
+    reference: ReferenceRows
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def _make_case(preset, weights: ExpertWeights, tokens, dist, run: RunConfig) -> _CaseData:
+    device = run.device
+    bytes_per_input = tokens * (preset.hidden * 2 + preset.num_experts * 4)
+    inputs, hits, floors = [], [], []
+    for rot in range(rotation_count(bytes_per_input, run.timing)):
+        seed = _seed(run.seed, preset.name, tokens, dist.label, rot)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        hidden = torch.randn(tokens, preset.hidden, generator=gen, device=device, dtype=torch.bfloat16)
+        logits = make_router_logits(dist, tokens, preset.num_experts, preset.routing, seed=seed, device=device)
+        routed = route_twin(logits, preset.routing, weights.e_score_correction_bias)
+        load = summarize_load(routed.topk_ids, preset.num_experts)
+        if rot == 0:
+            first_load = load
+            reference = make_reference(hidden, weights, routed, preset.activation, max_rows=run.check_rows)
+        hits.append(load.experts_hit)
+        floors.append(moe_floor(preset, tokens, load.experts_hit, run.ceilings))
+        inputs.append((hidden, logits))
+    floor_us = float(np.mean([f.us for f in floors]))
+    bound = floors[0].bound
+    return _CaseData(tokens, dist, inputs, float(np.mean(hits)), floor_us, bound, first_load, reference)
+
+
+class _DeviceLost(RuntimeError):
+    pass
+
+
+def _cuda_alive(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        return True
+    except Exception:
+        return False
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        try:
+            torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+
+def _run_case(fn, spec, preset, case: _CaseData, run: RunConfig, base: dict) -> CaseResult:
+    try:
+        out = fn(*case.inputs[0])
+        verdict = check_output(out, case.reference, case.tokens, preset.hidden)
+        del out
+    except Exception as exc:
+        if not _cuda_alive(run.device):
+            raise _DeviceLost(f"{spec.name} on {preset.name} T={case.tokens}: {_short(exc)}") from exc
+        return CaseResult(**base, status=CaseStatus.ERROR, reason=f"first call raised {_short(exc)}")
+    if verdict.status is CheckStatus.FAIL:
+        return CaseResult(**base, status=CaseStatus.WRONG, reason=verdict.reason, rel_err=verdict.rel_err,
+                          tolerance=verdict.tolerance)
+    try:
+        timing = time_callable(fn, case.inputs, run.device, run.timing, spec.graph_capture)
+    except Exception as exc:
+        if not _cuda_alive(run.device):
+            raise _DeviceLost(f"{spec.name} on {preset.name} T={case.tokens}: {_short(exc)}") from exc
+        return CaseResult(**base, status=CaseStatus.ERROR, reason=f"timing raised {_short(exc)}",
+                          rel_err=verdict.rel_err, tolerance=verdict.tolerance)
+    return CaseResult(
+        **base,
+        status=CaseStatus.OK,
+        reason="",
+        median_us=timing.median_us,
+        p10_us=timing.percentile(10),
+        p90_us=timing.percentile(90),
+        p99_us=timing.percentile(99),
+        mean_us=timing.mean_us,
+        timing_mode=timing.mode.value,
+        timing_note=timing.note,
+        rel_err=verdict.rel_err,
+        tolerance=verdict.tolerance,
+        samples_us=timing.samples_us,
+    )
+
+
+def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None) -> BenchResults:
+    """Run every (model, case, backend); `progress(label)` is called once per (model, case, backend)."""
+    started = time.perf_counter()
+    progress = progress or (lambda label: None)
+    availability = {name: BACKENDS[name].availability(run.device) for name in run.backends}
+    steps = stats = None
+    if run.trace is not None:
+        from .trace import generate_requests, schedule_steps
+
+        steps = schedule_steps(generate_requests(run.trace), run.trace)
+        stats = trace_stats(steps)
+    token_list = sorted(set(run.sweep_tokens) | set(stats.buckets if stats else ()))
+    results: list[CaseResult] = []
+    loads: dict[tuple[str, str, int], LoadSummary] = {}
+    lost: str | None = None
+    for preset in run.models:
+        cases: list[_CaseData] = []
+        weights = None
+        if lost is None:
+            try:
+                weights = make_expert_weights(preset, run.device, seed=_seed(run.seed, preset.name, "weights"))
+                for dist in run.distributions:
+                    for tokens in token_list:
+                        case = _make_case(preset, weights, tokens, dist, run)
+                        loads[(preset.name, dist.label, tokens)] = case.load
+                        cases.append(case)
+            except Exception as exc:
+                reason = f"preparing {preset.name} failed: {_short(exc)}"
+                if not _cuda_alive(run.device):
+                    lost = reason
+                for dist in run.distributions:
+                    for tokens in token_list:
+                        for name in run.backends:
+                            progress(f"{preset.name} T={tokens} {name}")
+                            results.append(_not_run(preset, dist, tokens, name, CaseStatus.ERROR, reason))
+                cases = []
+                weights = None
+                _free(run.device)
+                continue
+        for name in run.backends:
+            spec = BACKENDS[name]
+            ok, why = availability[name]
+            status, reason, fn = CaseStatus.OK, "", None
+            if lost is not None:
+                status, reason = CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})"
+            elif not ok:
+                status, reason = CaseStatus.UNAVAILABLE, why
+            else:
+                try:
+                    sup, why = spec.supports(preset, weights)
+                    if not sup:
+                        status, reason = CaseStatus.UNSUPPORTED, why
+                    else:
+                        fn = spec.build(preset, weights)
+                except Exception as exc:
+                    status, reason = CaseStatus.ERROR, f"build raised {_short(exc)}"
+                    if not _cuda_alive(run.device):
+                        lost = f"{name} build on {preset.name}: {_short(exc)}"
+            for case in cases:
+                progress(f"{preset.name} T={case.tokens} {case.distribution.label} {name}")
+                base = dict(
+                    model=preset.name,
+                    distribution=case.distribution.label,
+                    tokens=case.tokens,
+                    backend=name,
+                    family=spec.family.value,
+                    experts_hit=case.experts_hit,
+                    floor_us=case.floor_us,
+                    floor_bound=case.floor_bound,
+                )
+                if fn is None or lost is not None:
+                    st, rs = (status, reason) if lost is None else (CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})")
+                    results.append(CaseResult(**base, status=st, reason=rs))
+                    continue
+                try:
+                    results.append(_run_case(fn, spec, preset, case, run, base))
+                except _DeviceLost as exc:
+                    lost = str(exc)
+                    results.append(CaseResult(**base, status=CaseStatus.ERROR, reason=f"CUDA context lost: {exc}"))
+                _free(run.device)
+            fn = None
+            _free(run.device)
+        cases = []
+        weights = None
+        _free(run.device)
+    bench = BenchResults(run, environment(run.device), availability, results, loads, steps, stats)
+    if steps is not None:
+        bench.trace_results = _trace_results(bench)
+    bench.wall_seconds = time.perf_counter() - started
+    return bench
+
+
+def _not_run(preset, dist, tokens, name, status, reason) -> CaseResult:
+    spec = BACKENDS[name]
+    return CaseResult(preset.name, dist.label, tokens, name, spec.family.value, status, reason, float("nan"),
+                      float("nan"), "")
+
+
+def _trace_results(bench: BenchResults) -> list[TraceResult]:
+    run = bench.config
+    steps = bench.trace_steps
+    by_key = {(r.model, r.distribution, r.backend, r.tokens): r for r in bench.results}
+    out = []
+    for preset in run.models:
+        for dist in run.distributions:
+            for name in run.backends:
+                samples, floors, bad = {}, {}, None
+                for bucket in bench.trace_stats.buckets:
+                    r = by_key.get((preset.name, dist.label, name, bucket))
+                    if r is None or r.status is not CaseStatus.OK:
+                        bad = r
+                        break
+                    samples[bucket] = r.samples_us
+                    floors[bucket] = r.floor_us
+                if bad is not None or not samples:
+                    status = bad.status if bad is not None else CaseStatus.NOT_RUN
+                    reason = f"T={bad.tokens}: {bad.reason}" if bad is not None else "no measurements"
+                    out.append(TraceResult(preset.name, dist.label, name, status, reason, None))
+                    continue
+                latency = step_latencies(steps, samples, floors, seed=run.seed)
+                out.append(TraceResult(preset.name, dist.label, name, CaseStatus.OK, "", latency))
+    return out
+
+
+def summarize_backend(results: Sequence[CaseResult]) -> dict:
+    """Geomean time/floor over OK cells: decode (T<=512), prefill (T>=2048), all; worst cell; target check."""
+    from .floors import Phase, phase_of
+
+    ok = [r for r in results if r.status is CaseStatus.OK and r.ratio is not None and r.ratio > 0]
+
+    def geomean(rs):
+        return float(np.exp(np.mean([np.log(r.ratio) for r in rs]))) if rs else None
+
+    decode = [r for r in ok if phase_of(r.tokens) is Phase.DECODE]
+    prefill = [r for r in ok if phase_of(r.tokens) is Phase.PREFILL]
+    worst = max(ok, key=lambda r: r.ratio) if ok else None
+    summary = {
+        "cells_ok": len(ok),
+        "cells": len(results),
+        "geomean_decode": geomean(decode),
+        "geomean_prefill": geomean(prefill),
+        "geomean_all": geomean(ok),
+        "worst": worst.ratio if worst else None,
+        "worst_cell": f"{worst.model} T={worst.tokens} {worst.distribution}" if worst else None,
+    }
+    if ok:
+        summary["meets_targets"] = bool(
+            all(r.ratio <= r.target for r in ok) and summary["worst"] <= TARGETS.worst and len(ok) == len(results)
+        )
+    return summary
+

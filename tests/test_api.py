@@ -1,0 +1,401 @@
+"""Public API: fused_moe / MoELayer / route / is_supported / enums / CLI, on every backend this machine has.
+
+CPU tier: the TORCH backend against the fp32 twin; the TRITON backend under the Triton interpreter (in a
+subprocess with TRITON_INTERPRET=1, which Triton reads when kernels are decorated, so it cannot be switched
+on inside this process). GPU tier (marker gpu): every backend the device supports, no host sync on the hot
+path, CUDA-graph replay with a changed routing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import moe2cta
+from moe2cta import (
+    Activation,
+    Backend,
+    IdCheck,
+    MoEConfig,
+    MoELayer,
+    RouterWeightOn,
+    RoutingConfig,
+    Scoring,
+    fused_moe,
+    is_supported,
+    moe_reference,
+    route,
+)
+from moe2cta.cli import main as cli_main
+from moe2cta.router.reference import route_reference
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def make(num_tokens, hidden, inter, num_experts, dtype=torch.float32, device="cpu", bias=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
+
+    layer = dict(
+        hidden=rnd(num_tokens, hidden),
+        w13=rnd(num_experts, 2 * inter, hidden, scale=hidden ** -0.5),
+        w2=rnd(num_experts, hidden, inter, scale=inter ** -0.5),
+        logits=(torch.randn(num_tokens, num_experts, generator=gen) * 2).to(device),
+    )
+    if bias:
+        layer["b13"] = rnd(num_experts, 2 * inter, scale=0.3)
+        layer["b2"] = rnd(num_experts, hidden, scale=0.3)
+    return layer
+
+
+def rel_err(got, want) -> float:
+    return float((got.double() - want.double()).abs().max() / want.double().abs().max().clamp(min=1e-12))
+
+
+VARIANTS = [
+    ("softmax-swiglu", RoutingConfig(top_k=2), Activation.SWIGLU, False, RouterWeightOn.OUTPUT),
+    ("topk-softmax-oai-bias", RoutingConfig(top_k=4, scoring=Scoring.TOPK_SOFTMAX), Activation.SWIGLU_OAI, True,
+     RouterWeightOn.OUTPUT),
+    ("llama4-input-weight", RoutingConfig(top_k=1, scoring=Scoring.SIGMOID_TOP1), Activation.SWIGLU, False,
+     RouterWeightOn.INPUT),
+    ("dsv3-gelu", RoutingConfig(top_k=3, scoring=Scoring.SIGMOID_GROUPED, num_expert_group=4, topk_group=2,
+                                routed_scaling_factor=2.5), Activation.GELU_GATED, False, RouterWeightOn.OUTPUT),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_fused_moe_torch_backend_matches_reference(variant):
+    _, routing, activation, bias, weight_on = variant
+    layer = make(11, 32, 16, 8, bias=bias, seed=1)
+    corr = torch.linspace(-0.1, 0.1, 8) if routing.scoring is Scoring.SIGMOID_GROUPED else None
+    out = fused_moe(layer["hidden"], layer["w13"], layer["w2"], layer["logits"], routing=routing, activation=activation,
+                    router_weight_on=weight_on, b13=layer.get("b13"), b2=layer.get("b2"),
+                    e_score_correction_bias=corr, backend="torch")
+    weights, ids = route_reference(layer["logits"], routing, corr)
+    want = moe_reference(layer["hidden"], layer["w13"], layer["w2"], weights, ids, activation, layer.get("b13"),
+                         layer.get("b2"), router_weight_on=weight_on, dtype=torch.float64)
+    assert out.shape == layer["hidden"].shape and out.dtype == torch.float32
+    assert rel_err(out, want) < 1e-5
+
+
+def test_precomputed_routing_equals_logits_path():
+    layer = make(9, 16, 8, 8, seed=2)
+    routing = RoutingConfig(top_k=2)
+    from_logits = fused_moe(layer["hidden"], layer["w13"], layer["w2"], layer["logits"], routing=routing)
+    weights, ids = route(layer["logits"], routing, backend="torch")
+    precomputed = fused_moe(layer["hidden"], layer["w13"], layer["w2"], topk_weights=weights, topk_ids=ids)
+    int64_ids = fused_moe(layer["hidden"], layer["w13"], layer["w2"], topk_weights=weights.double(),
+                          topk_ids=ids.long(), routing=routing)
+    assert torch.equal(from_logits, precomputed) and torch.equal(from_logits, int64_ids)
+
+
+def test_layer_prepares_once_and_reports_backend():
+    layer = make(6, 16, 8, 8, seed=3)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=RoutingConfig(top_k=2))
+    assert moe.backend is Backend.TORCH
+    assert moe.backend_reason.endswith("auto -> torch") and "cute:" in moe.backend_reason
+    assert "backend=torch" in repr(moe)
+    assert moe.config == MoEConfig(RoutingConfig(top_k=2))
+    out = moe(layer["hidden"], layer["logits"])
+    assert torch.equal(out, fused_moe(layer["hidden"], layer["w13"], layer["w2"], layer["logits"],
+                                      routing=RoutingConfig(top_k=2)))
+    explicit = MoELayer(layer["w13"], layer["w2"], routing=RoutingConfig(top_k=2), backend="torch")
+    assert explicit.backend_reason == "torch: requested"
+    only_ids = MoELayer(layer["w13"], layer["w2"], routing=None)
+    weights, ids = route(layer["logits"], RoutingConfig(top_k=2))
+    assert torch.equal(only_ids(layer["hidden"], topk_weights=weights, topk_ids=ids), out)
+    with pytest.raises(ValueError, match="^routing"):
+        only_ids(layer["hidden"], layer["logits"])
+
+
+def test_edge_token_counts():
+    for num_tokens in (0, 1):
+        layer = make(num_tokens, 16, 8, 8, seed=4)
+        out = fused_moe(layer["hidden"], layer["w13"], layer["w2"], layer["logits"], routing=RoutingConfig(top_k=2))
+        assert out.shape == (num_tokens, 16)
+        if num_tokens:
+            weights, ids = route_reference(layer["logits"], RoutingConfig(top_k=2))
+            want = moe_reference(layer["hidden"], layer["w13"], layer["w2"], weights, ids, dtype=torch.float64)
+            assert rel_err(out, want) < 1e-5
+
+
+def test_e256_k8_and_all_tokens_on_one_expert():
+    layer = make(8, 16, 8, 256, seed=5)
+    routing = RoutingConfig(top_k=8)
+    out = fused_moe(layer["hidden"], layer["w13"], layer["w2"], layer["logits"], routing=routing)
+    weights, ids = route_reference(layer["logits"], routing)
+    assert rel_err(out, moe_reference(layer["hidden"], layer["w13"], layer["w2"], weights, ids, dtype=torch.float64)) < 1e-5
+    ids = torch.full((8, 1), 77, dtype=torch.int32)
+    weights = torch.rand(8, 1, generator=torch.Generator().manual_seed(6))
+    out = fused_moe(layer["hidden"], layer["w13"], layer["w2"], topk_weights=weights, topk_ids=ids)
+    want = moe_reference(layer["hidden"], layer["w13"], layer["w2"], weights, ids, dtype=torch.float64)
+    assert rel_err(out, want) < 1e-5
+
+
+def test_expert_map_through_the_api():
+    layer = make(10, 16, 8, 8, seed=7)
+    local = [0, 3, 5]
+    expert_map = torch.full((8,), -1, dtype=torch.int32)
+    expert_map[local] = torch.arange(3, dtype=torch.int32)
+    routing = RoutingConfig(top_k=2)
+    out = fused_moe(layer["hidden"], layer["w13"][local], layer["w2"][local], layer["logits"], routing=routing,
+                    expert_map=expert_map)
+    weights, ids = route_reference(layer["logits"], routing)
+    want = moe_reference(layer["hidden"], layer["w13"][local], layer["w2"][local], weights, ids,
+                         expert_map=expert_map, dtype=torch.float64)
+    assert rel_err(out, want) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_within_2x_of_same_dtype_torch(dtype):
+    layer = make(32, 64, 32, 8, dtype=dtype, seed=8)
+    routing = RoutingConfig(top_k=2)
+    out = fused_moe(layer["hidden"], layer["w13"], layer["w2"], layer["logits"], routing=routing)
+    assert out.dtype == dtype
+    weights, ids = route_reference(layer["logits"], routing)
+    want = moe_reference(layer["hidden"], layer["w13"], layer["w2"], weights, ids, dtype=torch.float64)
+    same_dtype = moe_reference(layer["hidden"], layer["w13"], layer["w2"], weights, ids, dtype=dtype)
+    assert rel_err(out, want) <= 2 * rel_err(same_dtype, want) + 1e-3
+
+
+def test_nan_and_inf_logits_stay_in_their_token():
+    """Definition (moe2cta.api docstring): a NaN / +inf logit under SOFTMAX makes that token's output NaN;
+    other scorings never pick a NaN expert; other tokens are untouched."""
+    layer = make(6, 16, 8, 8, seed=9)
+    logits = layer["logits"].clone()
+    logits[1, 2] = float("nan")
+    logits[4, 5] = float("inf")
+    clean_rows = [0, 2, 3, 5]
+    routing = RoutingConfig(top_k=2)
+    out = fused_moe(layer["hidden"], layer["w13"], layer["w2"], logits, routing=routing)
+    clean = fused_moe(layer["hidden"], layer["w13"], layer["w2"], layer["logits"], routing=routing)
+    assert torch.isnan(out[1]).all() and torch.isnan(out[4]).all()
+    assert rel_err(out[clean_rows], clean[clean_rows]) < 1e-6  # equal up to the GEMMs' batch shapes
+    topk_softmax = RoutingConfig(top_k=2, scoring=Scoring.TOPK_SOFTMAX)
+    out = fused_moe(layer["hidden"], layer["w13"], layer["w2"], logits, routing=topk_softmax)
+    assert torch.isfinite(out[1]).all()  # the NaN expert is never chosen
+    assert torch.isnan(out[4]).all()  # +inf among the chosen logits: softmax over the k is NaN
+    _, ids = route(logits, topk_softmax)
+    assert 2 not in ids[1].tolist()
+    neg_inf = layer["logits"].clone()
+    neg_inf[3, :4] = -float("inf")  # -inf is an ordinary logit (probability 0)
+    out = fused_moe(layer["hidden"], layer["w13"], layer["w2"], neg_inf, routing=routing)
+    assert torch.isfinite(out).all()
+
+
+def test_route_api():
+    logits = torch.randn(5, 16, generator=torch.Generator().manual_seed(10))
+    routing = RoutingConfig(top_k=3, scoring="topk_softmax")
+    weights, ids = route(logits, routing)
+    want_w, want_ids = route_reference(logits, routing)
+    assert torch.equal(ids, want_ids) and torch.equal(weights, want_w)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    with pytest.raises(ValueError, match="^logits"):
+        route(logits[0], routing)
+    with pytest.raises(ValueError, match="^backend"):
+        route(logits, routing, backend="triton")  # CPU tensors without the interpreter
+
+
+def test_enums_and_config_parse_strings():
+    assert Backend.parse("TRITON") is Backend.TRITON and Backend.parse(Backend.CUTE) is Backend.CUTE
+    assert IdCheck.parse("skip") is IdCheck.SKIP
+    config = MoEConfig(RoutingConfig(top_k=2), activation="swiglu_oai", router_weight_on="input", align=64)
+    assert config.activation is Activation.SWIGLU_OAI and config.router_weight_on is RouterWeightOn.INPUT
+    assert config.top_k == 2 and config.tile_heights == (16, 64, 128, 256)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.align = 128
+    for name in ("route", "fused_moe", "is_supported", "MoELayer", "Backend", "MoEConfig", "RoutingConfig"):
+        assert name in moe2cta.__all__
+
+
+def test_is_supported_reasons_on_cpu():
+    layer = make(4, 16, 8, 8, seed=11)
+    args = (layer["hidden"], layer["w13"], layer["w2"])
+    assert is_supported("torch", *args) == (True, "")
+    ok, reason = is_supported("triton", *args)
+    assert not ok and "CUDA" in reason
+    ok, reason = is_supported("auto", *args)
+    assert ok and reason.endswith("auto -> torch")
+    ok, reason = is_supported("torch", layer["hidden"].half(), layer["w13"], layer["w2"])
+    assert not ok and "float16" in reason
+    with pytest.raises(ValueError, match="^hidden"):
+        is_supported("torch", layer["hidden"][:, :8], layer["w13"], layer["w2"])
+
+
+def test_auto_never_picks_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    layer = make(4, 16, 8, 8, seed=12)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=RoutingConfig(top_k=2))
+    assert moe.backend is Backend.TORCH
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_usage_and_unknown(capsys):
+    assert cli_main(["--help"]) == 0
+    assert "plan" in capsys.readouterr().out
+    assert cli_main([]) == 2
+    assert cli_main(["frobnicate"]) == 2
+    assert "unknown subcommand" in capsys.readouterr().err
+    assert cli_main(["--version"]) == 0
+    assert moe2cta.__version__ in capsys.readouterr().out
+
+
+def test_cli_backends(capsys):
+    assert cli_main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "triton" in out and "cute" in out
+
+
+def test_cli_missing_module_is_a_message(monkeypatch, capsys):
+    import moe2cta.cli as cli
+
+    monkeypatch.setitem(cli.SUBCOMMANDS, "plan", ("moe2cta.no_such_module", "x"))
+    assert cli.main(["plan"]) == 2
+    assert "not part of this build" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command,module", [("plan", "moe2cta.plan_cli"), ("aot", "moe2cta.aot"),
+                                            ("bench", "moe2cta.serving_bench.cli")])
+def test_cli_subcommand_help(command, module, capsys):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not in this tree yet")
+    try:
+        status = cli_main([command, "--help"])
+    except SystemExit as exc:  # argparse exits after printing help
+        status = exc.code
+    assert status in (0, None)
+    assert "usage" in capsys.readouterr().out.lower()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# TRITON backend under the interpreter (CPU, fp32 / fp16: the interpreter mis-computes bf16 tl.dot)
+
+_TRITON_SCRIPT = textwrap.dedent(
+    """
+    import torch, moe2cta
+    from moe2cta import Activation, RoutingConfig, Scoring
+    torch.manual_seed(0)
+    T, H, I, E = 7, 64, 32, 8
+    cases = [
+        (torch.float32, RoutingConfig(top_k=2), Activation.SWIGLU, False, "output", None),
+        (torch.float16, RoutingConfig(top_k=4, scoring=Scoring.TOPK_SOFTMAX), Activation.SWIGLU_OAI, True, "output", None),
+        (torch.float32, RoutingConfig(top_k=1, scoring=Scoring.SIGMOID_TOP1), Activation.GELU_GATED, False, "input", None),
+        (torch.float32, RoutingConfig(top_k=2), Activation.SWIGLU, False, "output", [1, 4, 6]),
+    ]
+    for dtype, routing, act, bias, weight_on, local in cases:
+        h = torch.randn(T, H).to(dtype)
+        w13 = (torch.randn(E, 2 * I, H) / H ** 0.5).to(dtype)
+        w2 = (torch.randn(E, H, I) / I ** 0.5).to(dtype)
+        logits = torch.randn(T, E)
+        b13 = (torch.randn(E, 2 * I) * 0.1).to(dtype) if bias else None
+        b2 = (torch.randn(E, H) * 0.1).to(dtype) if bias else None
+        expert_map = None
+        if local is not None:
+            expert_map = torch.full((E,), -1, dtype=torch.int32)
+            expert_map[local] = torch.arange(len(local), dtype=torch.int32)
+            w13, w2 = w13[local].contiguous(), w2[local].contiguous()
+        layer = moe2cta.MoELayer(w13, w2, routing=routing, activation=act, b13=b13, b2=b2, router_weight_on=weight_on,
+                                 expert_map=expert_map, align=16, backend="triton")
+        assert layer.backend is moe2cta.Backend.TRITON
+        out = layer(h, logits)
+        w, i = moe2cta.route(logits, routing, backend="torch")
+        ref = moe2cta.moe_reference(h, w13, w2, w, i, act, b13, b2, expert_map=expert_map,
+                                    router_weight_on=moe2cta.RouterWeightOn(weight_on), dtype=torch.float64)
+        same = moe2cta.moe_reference(h, w13, w2, w, i, act, b13, b2, expert_map=expert_map,
+                                     router_weight_on=moe2cta.RouterWeightOn(weight_on), dtype=dtype)
+        scale = ref.abs().max().item()
+        err = (out.double() - ref).abs().max().item() / scale
+        bound = 2 * (same.double() - ref).abs().max().item() / scale + (1e-5 if dtype == torch.float32 else 1e-3)
+        assert out.dtype == dtype and err <= bound, (dtype, routing, err, bound)
+        ids_out = layer(h, topk_weights=w, topk_ids=i)
+        assert (ids_out.double() - ref).abs().max().item() / scale <= bound
+    print("TRITON-OK", len(cases))
+    """
+)
+
+
+def test_triton_backend_under_interpreter():
+    missing = [m for m in ("moe2cta.router.api", "moe2cta.grouped_gemm.triton_grouped_gemm")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"missing module(s): {', '.join(missing)}")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT], capture_output=True, text=True, env=env,
+                            timeout=300, cwd=REPO)
+    assert result.returncode == 0 and "TRITON-OK" in result.stdout, (result.stdout[-2000:], result.stderr[-4000:])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GPU tier
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("backend", ["auto", "triton", "cute"])
+@pytest.mark.parametrize("num_tokens", [0, 1, 7, 128, 1024])
+def test_gpu_backend_matches_reference(backend, num_tokens):
+    layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=20)
+    routing = RoutingConfig(top_k=4)
+    args = (layer["hidden"], layer["w13"], layer["w2"])
+    ok, reason = is_supported(backend, *args, routing=routing)
+    if not ok:
+        pytest.skip(reason)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=routing, backend=backend)
+    out = moe(layer["hidden"], layer["logits"])
+    assert out.shape == (num_tokens, 256) and out.dtype == torch.bfloat16
+    if num_tokens == 0:
+        return
+    weights, ids = route(layer["logits"], routing, backend="torch")
+    want = moe_reference(*args, weights, ids, dtype=torch.float64)
+    same = moe_reference(*args, weights, ids, dtype=torch.bfloat16)
+    assert rel_err(out, want) <= 2 * rel_err(same, want) + 1e-3, moe.backend_reason
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("backend", ["triton", "cute"])
+def test_gpu_hot_path_has_no_host_sync_and_replays_in_a_graph(backend):
+    layer = make(64, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=21)
+    routing = RoutingConfig(top_k=4)
+    ok, reason = is_supported(backend, layer["hidden"], layer["w13"], layer["w2"], routing=routing)
+    if not ok:
+        pytest.skip(reason)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=routing, backend=backend)
+    hidden, logits = layer["hidden"], layer["logits"].clone()
+    moe(hidden, logits)  # compile / load kernels outside the checks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe(hidden, logits)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moe(hidden, logits)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = moe(hidden, logits)
+    new_logits = torch.randn(logits.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(22))
+    logits.copy_(new_logits)
+    graph.replay()
+    torch.cuda.synchronize()
+    weights, ids = route(new_logits, routing, backend="torch")
+    want = moe_reference(hidden, layer["w13"], layer["w2"], weights, ids, dtype=torch.float64)
+    same = moe_reference(hidden, layer["w13"], layer["w2"], weights, ids, dtype=torch.bfloat16)
+    assert rel_err(static_out, want) <= 2 * rel_err(same, want) + 1e-3

@@ -1,0 +1,361 @@
+"""Planner, tuning cache and `moe2cta plan` (CPU only; the compile-only test needs the CuTe DSL, no GPU).
+
+The seed's numbers (shared/seed/000_d18911865dd1df39.txt): M,N,K = 384,4096,4096, a 2-CTA tile of
+256x256x64 with 3 stages -> 32 tiles, 75.0% coverage, 96 KiB per CTA, 64 K segments; per stage 48 KiB
+(1-CTA 128x256) vs 32 KiB (pair) per CTA, 96 vs 64 KiB for two CTAs, 8,388,608 FLOP, 85.3 -> 128 FLOP/B;
+double-buffered 256-column accumulators use all 512 TMEM columns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from moe2cta import plan_cli, planner, tuning
+from moe2cta.grouped_gemm.budget import ARCH_LIMITS, Arch, WorkUnit, input_bytes_per_stage
+from moe2cta.presets import PRESETS, get_preset
+
+KiB = 1024
+SEED = planner.dense_problem(384, 4096, 4096)
+
+
+def seed_candidate(block_k: int = 64, stages: int = 3) -> planner.Candidate:
+    return planner.make_candidate("sm_100a", "pair", 256, 256, block_k, stages)
+
+
+def _family(arch: Arch):
+    name = {Arch.SM90: "sm90_grouped_gemm", Arch.SM100: "sm100_grouped_gemm"}[arch]
+    try:
+        return importlib.import_module(f"moe2cta.grouped_gemm.{name}")
+    except ImportError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------ the seed
+def test_seed_calculator():
+    b = planner.compute_budget(seed_candidate(), SEED)
+    assert b.work_units == 32
+    assert b.coverage == 0.75 and f"{b.coverage:.1%}" == "75.0%"
+    assert b.input_buffer_bytes == 96 * KiB
+    assert b.k_segments == 64
+
+
+def test_seed_byte_table_and_intensity():
+    assert input_bytes_per_stage(128, 256, 64, 2, WorkUnit.SINGLE, Arch.SM100) == 48 * KiB
+    assert input_bytes_per_stage(256, 256, 64, 2, WorkUnit.PAIR, Arch.SM100) == 32 * KiB
+    b = planner.compute_budget(seed_candidate(), SEED)
+    assert (b.a_stage_bytes, b.b_stage_bytes, b.input_stage_bytes) == (16 * KiB, 16 * KiB, 32 * KiB)
+    assert b.single_equivalent_stage_bytes == 48 * KiB
+    assert 2 * b.single_equivalent_stage_bytes == 96 * KiB  # two independent 1-CTA tiles
+    assert b.unit_smem_stage_bytes == 64 * KiB  # one pair
+    assert b.flop_per_stage == 2 * 256 * 256 * 64 == 8_388_608
+    assert f"{b.single_equivalent_intensity:.1f}" == "85.3"
+    assert b.intensity_smem == 128.0 and b.intensity_l2 == 128.0
+
+
+def test_seed_k_tile_and_tmem():
+    b128 = planner.compute_budget(seed_candidate(block_k=128), SEED)
+    assert b128.input_stage_bytes == 64 * KiB and b128.input_buffer_bytes == 192 * KiB
+    b = planner.compute_budget(seed_candidate(), SEED)
+    assert b.tmem_columns_per_slot == 256 and b.tmem_columns == 512 == b.tmem_limit
+    assert 128 * b.tmem_columns_per_slot * 4 == 128 * KiB  # one slot: 128 lanes x 256 fp32
+
+
+def test_cli_prints_seed_budget(capsys):
+    rc = plan_cli.main(["--gemm", "384,4096,4096", "--tile", "256x256x64", "--stages", "3", "--pair",
+                        "--arch", "sm_100a"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for text in ("output tiles     32 ", "75.0%", "3 stages x 32 KiB = 96 KiB per CTA", "K segments       64",
+                 "8,388,608 FLOP", "85.3 FLOP/B", "128.0 FLOP/B", "96 KiB per stage", "512 of 512"):
+        assert text in out, text
+
+
+# ------------------------------------------------------------------------------------------ limits
+def test_over_budget_smem_rejected_with_reason(capsys):
+    ev = planner.evaluate(seed_candidate(block_k=128, stages=4), SEED)
+    assert not ev.ok and ev.prediction is None
+    assert ev.reason.startswith("SMEM") and "> 227 KiB" in ev.reason
+    plan_cli.main(["--gemm", "384,4096,4096", "--tile", "256x256x128", "--stages", "4", "--pair", "--arch", "sm_100a"])
+    assert "REJECTED         SMEM" in capsys.readouterr().out
+
+
+def test_over_budget_tmem_and_stages_rejected():
+    three_slots = planner.make_candidate("sm_100a", "single", 128, 256, 64, 2, accumulator_slots=3)
+    ev = planner.evaluate(three_slots, SEED)
+    assert not ev.ok and ev.reason.startswith("TMEM") and "> 512" in ev.reason
+    one_stage = planner.make_candidate("sm_90a", "single", 128, 128, 64, 1)
+    ev = planner.evaluate(one_stage, SEED)
+    assert not ev.ok and ev.reason.startswith("stages")
+
+
+def test_search_prunes_coverage_and_keeps_only_fitting():
+    result = planner.search(SEED, "sm_100a")
+    kinds = result.rejected_by_reason()
+    assert "SMEM" in kinds and "coverage" in kinds
+    # the seed's warning: the 256-row pair tile covers only 75% of M=384; a 128-row tile covers all of it
+    assert any(ev.candidate.block_m == 256 and "coverage 75.0%" in ev.reason for ev in kinds["coverage"])
+    assert result.chosen.budget.coverage == 1.0
+    for ev in result.ranked:
+        assert ev.ok and ev.prediction is not None
+        assert ev.budget.smem_bytes <= ARCH_LIMITS[Arch.SM100].smem_per_cta
+        assert ev.budget.tmem_alloc_columns <= 512
+    for ev in result.rejected:
+        assert not ev.ok and ev.reason
+    times = [ev.prediction.seconds for ev in result.ranked]
+    assert times == sorted(times)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("tokens", [1, 4096])
+def test_plan_every_preset(arch, tokens):
+    for name, preset in PRESETS.items():
+        plan = planner.plan_moe(preset, tokens, arch)
+        for result in (plan.gemm1, plan.gemm2):
+            chosen = result.chosen
+            assert chosen.ok and chosen.budget.smem_bytes <= chosen.budget.smem_limit, name
+            assert result.problem.total_rows == tokens * preset.top_k
+        json.dumps(plan.to_dict())  # machine output is plain JSON
+
+
+def test_decode_and_prefill_choices():
+    decode = planner.plan_moe(get_preset("qwen3-30b-a3b"), 1, "sm_90a")
+    prefill = planner.plan_moe(get_preset("qwen3-30b-a3b"), 4096, "sm_90a")
+    for result in (decode.gemm1, decode.gemm2):
+        assert result.chosen.candidate.rows_per_cta == 64  # 1 row per hit expert: the smallest tile
+        assert result.chosen.prediction.bound == "hbm"  # weight streaming
+    for result in (prefill.gemm1, prefill.gemm2):
+        assert result.chosen.candidate.unit is WorkUnit.PAIR  # 256 rows per expert: pairs share B
+        assert result.chosen.budget.coverage == 1.0
+
+
+def test_given_counts_and_bad_input():
+    preset = get_preset("mixtral-8x7b")
+    counts = [100, 0, 0, 0, 0, 0, 0, 28]
+    g1, g2 = planner.moe_problems(preset, 64, counts)
+    assert g1.counts == tuple(counts) and g1.experts_hit == 2 and "given counts" in g1.routing
+    b = planner.compute_budget(planner.make_candidate("sm_90a", "single", 128, 256, 64, 3), g1)
+    assert b.computed_rows == 256 and b.useful_rows == 128
+    with pytest.raises(ValueError, match="counts"):
+        planner.moe_problems(preset, 64, [1, 2])
+    with pytest.raises(ValueError, match="tokens"):
+        planner.moe_problems(preset, -1)
+    with pytest.raises(TypeError, match="unit"):
+        planner.Candidate(Arch.SM90, "pair", 256, 128, 64, 3)
+    with pytest.raises(ValueError, match="arch"):
+        planner.make_candidate("sm_80", "pair", 256, 128, 64, 3)
+    with pytest.raises(ValueError, match="m"):
+        planner.dense_problem(0, 128, 128)
+    with pytest.raises(ValueError, match="pair_threshold"):
+        planner.make_candidate("sm_90a", "single", 128, 128, 64, 3, pair_threshold=64)
+    assert planner.balanced_counts(10, 4) == (3, 3, 2, 2)
+
+
+# ------------------------------------------------------------------------------------------ kernels
+@pytest.mark.parametrize("arch", [Arch.SM90, Arch.SM100])
+def test_planner_builds_kernel_configs(arch):
+    module = _family(arch)
+    if module is None:
+        pytest.skip(f"the {arch.value} kernel family is not in this tree")
+    plan = planner.plan_moe(get_preset("qwen3-30b-a3b"), 512, arch)
+    for result in (plan.gemm1, plan.gemm2):
+        config = result.chosen.kernel_config
+        assert config is not None and type(config).__name__ in ("Sm90GemmConfig", "Sm100GemmConfig")
+
+
+def _accepted(arch: Arch):
+    problems = planner.moe_problems(get_preset("qwen3-30b-a3b"), 4096)
+    for problem in problems:
+        for ev in planner.search(problem, arch, min_coverage_ratio=0.0).ranked:
+            yield ev, problem
+
+
+def test_model_agrees_with_family_resource_models():
+    sm100 = _family(Arch.SM100)
+    sm90 = _family(Arch.SM90)
+    if sm100 is None and sm90 is None:
+        pytest.skip("no CuTe kernel family in this tree")
+    checked = 0
+    if sm100 is not None:
+        for ev, problem in _accepted(Arch.SM100):
+            _, fam_problem = planner._family_objects(sm100, ev.candidate, problem)
+            use = sm100.resource_use(ev.kernel_config, fam_problem)
+            assert use.smem_bytes == ev.budget.smem_bytes, ev.candidate.label()
+            assert use.tmem_alloc_columns == ev.budget.tmem_alloc_columns
+            checked += 1
+    if sm90 is not None:
+        for ev, _ in _accepted(Arch.SM90):
+            family = sm90.smem_bytes(ev.kernel_config, ev.candidate.stages)
+            # the family's model adds 3 KiB of worst-case alignment padding; the compile matches the planner
+            assert ev.budget.smem_bytes <= family <= ev.budget.smem_bytes + 3 * KiB, ev.candidate.label()
+            checked += 1
+    assert checked > 20
+
+
+def _dsl_available() -> bool:
+    try:
+        from moe2cta.grouped_gemm.cute_runtime import dsl_available
+    except ImportError:
+        return False
+    return dsl_available()
+
+
+COMPILE_CASES = [  # (arch, unit, block_m, kind): both work units, both GEMMs, one compile each
+    (Arch.SM100, "pair", 256, planner.GemmKind.GEMM2),
+    (Arch.SM100, "single", 128, planner.GemmKind.GEMM1),
+    (Arch.SM90, "pair", 256, planner.GemmKind.GEMM1),
+    (Arch.SM90, "single", 64, planner.GemmKind.GEMM2),
+]
+
+
+@pytest.mark.skipif(not _dsl_available(), reason="nvidia-cutlass-dsl not installed (compile-only test)")
+@pytest.mark.parametrize("arch,unit,block_m,kind", COMPILE_CASES, ids=lambda x: getattr(x, "value", str(x)))
+def test_compiled_resource_use_matches_model(arch, unit, block_m, kind):
+    """Compile for the arch on the CPU (no GPU): the launch's dynamic SMEM (and sm_100 TMEM) = the planner's."""
+    module = _family(arch)
+    if module is None:
+        pytest.skip(f"the {arch.value} kernel family is not in this tree")
+    n = 256
+    problem = planner.GemmProblem(kind.value, kind, n, 128, (256, 0, 0, 100), "compile test",
+                                  has_row_scale=kind is planner.GemmKind.GEMM2)
+    cand = planner.make_candidate(arch, unit, block_m, 128, 64, 3)
+    ev = planner.evaluate(cand, problem)
+    assert ev.ok, ev.reason
+    _, fam_problem = planner._family_objects(module, cand, problem)
+    from moe2cta.grouped_gemm.sm100_grouped_gemm import _ir_launch_smem_bytes
+
+    if arch is Arch.SM100:
+        _, report = module.compile_kernel(ev.kernel_config, fam_problem, keep_ptx=True)
+        assert report.smem_bytes == ev.budget.smem_bytes
+        assert report.tmem_alloc_columns == ev.budget.tmem_alloc_columns
+    else:
+        compiled = module.compile_kernel(ev.kernel_config, fam_problem)
+        assert _ir_launch_smem_bytes(str(compiled.ir_module)) == ev.budget.smem_bytes
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def test_cli_model_plan_and_json(capsys):
+    assert plan_cli.main(["plan", "--model", "qwen3-30b-a3b", "--tokens", "4096", "--arch", "sm_100a"]) == 0
+    out = capsys.readouterr().out
+    assert "gemm1" in out and "gemm2" in out and "chosen:" in out and "rejected:" in out and "runners-up" in out
+    assert plan_cli.main(["--model", "qwen3-30b-a3b", "--tokens", "4096", "--arch", "sm_90a", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"] == "qwen3-30b-a3b" and [g["gemm"] for g in data["gemms"]] == ["gemm1", "gemm2"]
+    g1 = data["gemms"][0]
+    assert g1["chosen"]["ok"] and g1["rejected"] and all(r["reason"] for r in g1["rejected"])
+    assert g1["chosen"]["budget"]["smem_bytes"] <= 227 * KiB
+
+
+def test_cli_bucket_table(capsys):
+    assert plan_cli.main(["--model", "mixtral-8x7b", "--buckets", "256", "--arch", "sm_90a", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["buckets"]
+    assert [r["bucket"] for r in rows] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert all(r["gemm1"]["label"] and r["gemm2"]["predicted_us"] > 0 for r in rows)
+    assert rows[0]["gemm1"]["candidate"]["block_m"] <= rows[-1]["gemm1"]["candidate"]["block_m"]
+    assert plan_cli.main(["--model", "mixtral-8x7b", "--buckets", "64", "--arch", "sm_100a"]) == 0
+    assert "distinct kernels" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        plan_cli.main(["--model", "mixtral-8x7b", "--buckets", "--tokens", "4"])
+
+
+def test_cli_errors():
+    with pytest.raises(SystemExit):
+        plan_cli.main(["--model", "qwen3-30b-a3b"])  # no --tokens
+    with pytest.raises(SystemExit):
+        plan_cli.main(["--gemm", "384,4096,4096", "--stages", "3"])  # --stages without --tile
+    with pytest.raises(SystemExit):
+        plan_cli.main(["--gemm", "384,4096"])
+    with pytest.raises(SystemExit):
+        plan_cli.main(["--model", "no-such-model", "--tokens", "1"])
+
+
+def test_python_m_plan_cli():
+    cmd = [sys.executable, "-m", "moe2cta.plan_cli", "--gemm", "384,4096,4096", "--tile", "256x256x64",
+           "--stages", "3", "--pair", "--arch", "sm_100a", "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    gemm = json.loads(run.stdout)["gemms"][0]
+    assert gemm["budget"]["work_units"] == 32 and gemm["budget"]["input_buffer_bytes"] == 96 * KiB
+
+
+def test_import_reads_no_environment_and_no_dsl():
+    code = ("import sys, moe2cta.planner, moe2cta.tuning, moe2cta.plan_cli; "
+            "assert 'cutlass' not in sys.modules and 'tvm_ffi' not in sys.modules")
+    env = dict(os.environ, MOE2CTA_TUNING_CACHE="/nonexistent/dir/tuning.json")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+# ------------------------------------------------------------------------------------------ tuning
+def test_token_bucket():
+    assert [tuning.token_bucket(x) for x in (0, 0.06, 1, 2, 3, 64, 65, 10**9)] == [1, 1, 1, 2, 4, 64, 128, 65536]
+    with pytest.raises(ValueError):
+        tuning.token_bucket(-1)
+    with pytest.raises(TypeError):
+        tuning.token_bucket(True)
+    with pytest.raises(ValueError, match="bucket"):
+        tuning.TuningKey("H200", "bfloat16", 128, 1536, 2048, "swiglu", 3)
+
+
+KEY = tuning.TuningKey("NVIDIA H200", "bfloat16", 16, 512, 256, "swiglu", 1)
+
+
+def test_cache_roundtrip_and_env_at_call_time(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    monkeypatch.setenv("MOE2CTA_TUNING_CACHE", str(path))
+    cache = tuning.TuningCache()
+    assert cache.path == path and len(cache) == 0
+    cand = planner.make_candidate("sm_90a", "pair", 256, 128, 64, 4, pair_threshold=256)
+    cache.put(tuning.TuningEntry(KEY.with_bucket(64), cand, 12e-6, 8, 15e-6, "2026-11-29T12:00:00Z"))
+    cache.save()
+    data = json.loads(path.read_text())
+    assert data["format"] == "moe2cta-tuning" and list(data["entries"]) == [KEY.with_bucket(64).to_str()]
+    again = tuning.TuningCache(path)
+    entry = again.get(KEY.with_bucket(64))
+    assert entry.candidate == cand and entry.seconds == 12e-6 and again.get(KEY) is None
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="t.json"):
+        tuning.TuningCache(path)
+
+
+def test_autotune_with_fake_timer(tmp_path):
+    cache = tuning.TuningCache(tmp_path / "tune.json")
+    problem = tuning.bucket_problem(planner.GemmKind.GEMM1, KEY.num_experts, KEY.n, KEY.k, 64)
+    shapes = planner.best_per_shape(planner.search(problem, "sm_90a").ranked)[:4]
+    assert len(shapes) >= 3
+    target = shapes[2].candidate  # the model's third choice is the fastest on this "GPU"
+    calls, log = [], []
+
+    def runner(candidate, prob):
+        assert prob.total_rows == 64 * KEY.num_experts  # the bucket's representative problem
+        if candidate == shapes[1].candidate:
+            raise RuntimeError("does not compile")  # skipped, not fatal
+        return lambda: calls.append(candidate)
+
+    def timer(fn):
+        fn()
+        return 5e-6 if calls[-1] == target else 9e-6
+
+    results = tuning.autotune(KEY, planner.GemmKind.GEMM1, "sm_90a", runner, buckets=[64], top=4, timer=timer,
+                              cache=cache, log=log.append)
+    entry = results[64]
+    assert entry.candidate == target and entry.seconds == 5e-6 and entry.heuristic_seconds == 9e-6
+    assert any("does not compile" in line for line in log)
+    reloaded = tuning.TuningCache(tmp_path / "tune.json")
+    assert tuning.select_config(KEY.with_bucket(64), planner.GemmKind.GEMM1, "sm_90a", cache=reloaded) == (target, "tuned")
+    cand, source = tuning.select_config(KEY.with_bucket(2), planner.GemmKind.GEMM1, "sm_90a", cache=reloaded)
+    assert source == "heuristic" and cand.rows_per_cta == 64
+
+
+def test_autotune_refuses_during_graph_capture(monkeypatch, tmp_path):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="captur"):
+        tuning.autotune(KEY, planner.GemmKind.GEMM1, "sm_90a", lambda c, p: (lambda: None), buckets=[1],
+                        timer=lambda fn: 1.0, cache=tuning.TuningCache(tmp_path / "x.json"))

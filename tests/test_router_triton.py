@@ -1,0 +1,236 @@
+"""CPU tier of the router kernels: every Triton kernel against its torch twin, small shapes.
+
+Without a CUDA GPU the kernels run under TRITON_INTERPRET=1 on CPU tensors (set here, before the kernel
+modules are first imported: moe2cta.router imports them lazily); with a GPU the same tests run compiled.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from moe2cta.router import (  # noqa: E402
+    Dispatch,
+    DispatchScheme,
+    RouterBackend,
+    RoutingConfig,
+    Scoring,
+    combine,
+    combine_reference,
+    dispatch,
+    dispatch_reference,
+    gather,
+    gather_reference,
+    route,
+    route_dispatch,
+    route_reference,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON = RouterBackend.TRITON
+
+
+def assert_dispatch_equal(got: Dispatch, want: Dispatch):
+    for name in ("counts", "token_offsets", "row_offsets", "tile_offsets", "sorted_slots", "slot_rows"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == torch.int32 and g.shape == w.shape, name
+        assert torch.equal(g.cpu(), w.cpu()), f"{name}: {g.cpu().tolist()} != {w.cpu().tolist()}"
+    assert got.align == want.align and tuple(got.tile_heights) == tuple(want.tile_heights)
+
+
+def assert_route_equal(got, want):
+    (w, i), (rw, ri) = got, want
+    assert i.dtype == torch.int32 and w.dtype == torch.float32
+    assert torch.equal(i.cpu(), ri.cpu()), f"ids {i.cpu().tolist()} != {ri.cpu().tolist()}"
+    torch.testing.assert_close(w.cpu(), rw.cpu(), rtol=1e-6, atol=0, equal_nan=True)
+
+
+ROUTE_CASES = [
+    # (scoring, dtype, E, k, config extras, bias dtype)
+    ("softmax", torch.bfloat16, 16, 4, {}, None),
+    ("softmax", torch.float32, 24, 3, {"renormalize": False}, None),
+    ("topk_softmax", torch.float16, 16, 2, {}, None),
+    ("sigmoid_top1", torch.bfloat16, 16, 1, {"renormalize": False}, None),
+    ("sigmoid_top1", torch.float32, 24, 3, {"renormalize": True, "routed_scaling_factor": 1.5}, None),
+    ("sigmoid_grouped", torch.float32, 32, 4, {"num_expert_group": 4, "topk_group": 2,
+                                               "routed_scaling_factor": 2.5}, torch.bfloat16),
+    ("sigmoid_grouped", torch.bfloat16, 16, 3, {"renormalize": False}, torch.float32),
+]
+
+
+@pytest.mark.parametrize("scoring,dtype,num_experts,top_k,extra,bias_dtype", ROUTE_CASES)
+def test_route_matches_reference(scoring, dtype, num_experts, top_k, extra, bias_dtype):
+    torch.manual_seed(hash((scoring, num_experts, top_k)) % 1000)
+    config = RoutingConfig(top_k=top_k, scoring=scoring, **extra)
+    logits = (torch.randn(9, num_experts) * 2).to(dtype).to(DEVICE)
+    bias = None if bias_dtype is None else (torch.randn(num_experts) * 0.2).to(bias_dtype).to(DEVICE)
+    assert_route_equal(route(logits, config, bias, backend=TRITON), route_reference(logits, config, bias))
+
+
+@pytest.mark.parametrize("scoring", list(Scoring))
+def test_route_ties_nan_inf(scoring):
+    """Small-integer logits force ties (lower index wins); NaN and -inf rows select in index order."""
+    torch.manual_seed(3)
+    num_experts = 16
+    extra = {"num_expert_group": 4, "topk_group": 2} if scoring is Scoring.SIGMOID_GROUPED else {}
+    config = RoutingConfig(top_k=3, scoring=scoring, **extra)
+    logits = torch.randint(-2, 3, (6, num_experts)).float()
+    logits[1, 5] = float("nan")
+    logits[2] = float("nan")
+    logits[3, :8] = -float("inf")
+    logits[4] = -float("inf")
+    logits = logits.to(DEVICE)
+    assert_route_equal(route(logits, config, backend=TRITON), route_reference(logits, config))
+
+
+def test_route_empty_and_validation():
+    config = RoutingConfig(top_k=2)
+    w, i = route(torch.empty(0, 8, device=DEVICE), config, backend=TRITON)
+    assert w.shape == (0, 2) and i.shape == (0, 2)
+    with pytest.raises(TypeError, match="logits"):
+        route(torch.zeros(2, 8, dtype=torch.int32, device=DEVICE), config, backend=TRITON)
+    with pytest.raises(ValueError, match="e_score_correction_bias"):
+        route(torch.randn(2, 8, device=DEVICE), RoutingConfig(top_k=2, scoring="sigmoid_grouped"),
+              torch.randn(7, device=DEVICE), backend=TRITON)
+    with pytest.raises(ValueError, match="top_k"):
+        route(torch.randn(2, 8, device=DEVICE), RoutingConfig(top_k=17), backend=TRITON)
+    with pytest.raises(ValueError, match="backend"):
+        route(torch.randn(2, 8, device=DEVICE), config, backend="cuda-magic")
+
+
+def _random_ids(num_tokens, top_k, num_experts, gen, skew=None):
+    """Distinct experts per token; skew: None (uniform), 'one' (expert 1 in every token), 'few'."""
+    if num_tokens == 0:
+        return torch.empty(0, top_k, dtype=torch.int32)
+    scores = torch.rand(num_tokens, num_experts, generator=gen)
+    if skew == "one":
+        scores[:, 1] = 2.0
+    elif skew == "few":  # most experts get no token
+        scores[:, top_k + 2:] = -1.0
+    return scores.topk(top_k, dim=1).indices.to(torch.int32)
+
+
+@pytest.mark.parametrize(
+    "num_tokens,top_k,num_experts,align,heights",
+    [(0, 2, 8, 16, (16, 64, 128, 256)), (1, 4, 8, 128, (16, 64, 128, 256)), (7, 2, 24, 16, (16, 64)),
+     (33, 3, 24, 1, (1, 2, 4, 8)), (20, 4, 16, 8, (8,))],
+)
+@pytest.mark.parametrize("skew", [None, "one", "few"])
+def test_dispatch_single_program(num_tokens, top_k, num_experts, align, heights, skew):
+    gen = torch.Generator().manual_seed(num_tokens * 31 + top_k)
+    ids = _random_ids(num_tokens, top_k, num_experts, gen, skew).to(DEVICE)
+    got = dispatch(ids, num_experts, align=align, tile_heights=heights, backend=TRITON,
+                   scheme=DispatchScheme.SINGLE_PROGRAM)
+    assert_dispatch_equal(got, dispatch_reference(ids, num_experts, align=align, tile_heights=heights))
+
+
+@pytest.mark.parametrize("num_tokens,top_k,block_slots", [(50, 3, 16), (40, 4, 32), (5, 2, 64)])
+@pytest.mark.parametrize("skew", [None, "one"])
+def test_dispatch_multi_block(num_tokens, top_k, block_slots, skew):
+    num_experts = 12
+    gen = torch.Generator().manual_seed(num_tokens + block_slots)
+    ids = _random_ids(num_tokens, top_k, num_experts, gen, skew).to(DEVICE)
+    got = dispatch(ids, num_experts, align=16, backend=TRITON, scheme=DispatchScheme.MULTI_BLOCK,
+                   block_slots=block_slots)
+    assert_dispatch_equal(got, dispatch_reference(ids, num_experts, align=16))
+
+
+@pytest.mark.parametrize("scheme", [DispatchScheme.SINGLE_PROGRAM, DispatchScheme.MULTI_BLOCK])
+def test_dispatch_expert_map_and_dropped_slots(scheme):
+    """Expert parallelism: 16 global experts, 6 on this rank; slot ids of -1 are off-rank too."""
+    gen = torch.Generator().manual_seed(7)
+    ids = _random_ids(11, 3, 16, gen)
+    ids[2, 1] = -1
+    expert_map = torch.full((16,), -1, dtype=torch.int32)
+    expert_map[torch.tensor([3, 4, 9, 10, 11, 15])] = torch.arange(6, dtype=torch.int32)
+    ids, expert_map = ids.to(DEVICE), expert_map.to(DEVICE)
+    got = dispatch(ids, 6, align=8, expert_map=expert_map, backend=TRITON, scheme=scheme, block_slots=16)
+    want = dispatch_reference(ids, 6, align=8, expert_map=expert_map)
+    assert_dispatch_equal(got, want)
+    assert (got.slot_rows == -1).any()
+
+
+def test_dispatch_rewrites_stale_rows():
+    """A second call into fresh buffers must not depend on a first; also int64 ids are accepted."""
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(2):
+        ids = _random_ids(9, 2, 8, gen).to(DEVICE)
+        assert_dispatch_equal(dispatch(ids.long(), 8, align=4, backend=TRITON), dispatch_reference(ids, 8, align=4))
+
+
+def test_dispatch_validation():
+    ids = torch.zeros(3, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(TypeError, match="topk_ids"):
+        dispatch(ids.float(), 8, backend=TRITON)
+    with pytest.raises(ValueError, match="align"):
+        dispatch(ids, 8, align=0, backend=TRITON)
+    with pytest.raises(ValueError, match="tile_heights"):
+        dispatch(ids, 8, tile_heights=(16, 32, 64, 128, 256), backend=TRITON)
+    with pytest.raises(ValueError, match="num_experts"):
+        dispatch(ids, 513, backend=TRITON)
+    with pytest.raises(ValueError, match="block_slots"):
+        dispatch(ids, 8, backend=TRITON, scheme=DispatchScheme.MULTI_BLOCK, block_slots=24)
+
+
+@pytest.mark.parametrize("dtype,hidden_size,with_scale", [(torch.float16, 40, False), (torch.float32, 64, True),
+                                                          (torch.bfloat16, 48, True)])
+def test_gather_matches_reference(dtype, hidden_size, with_scale):
+    torch.manual_seed(hidden_size)
+    num_tokens, top_k, num_experts = 13, 3, 8
+    ids = _random_ids(num_tokens, top_k, num_experts, torch.Generator().manual_seed(1)).to(DEVICE)
+    disp = dispatch_reference(ids, num_experts, align=8)
+    hidden = torch.randn(num_tokens, hidden_size).to(dtype).to(DEVICE)
+    scale = torch.rand(num_tokens, top_k, device=DEVICE) if with_scale else None
+    got = gather(hidden, disp, top_k, scale=scale, backend=TRITON)
+    want = gather_reference(hidden, disp, top_k, scale)
+    valid = disp.sorted_slots >= 0
+    assert got.shape == want.shape
+    if with_scale and dtype is torch.bfloat16 and DEVICE == "cpu":
+        # the interpreter rounds fp32 -> bf16 by truncation (GPU: round to nearest even): 1 ulp apart
+        torch.testing.assert_close(got[valid].cpu(), want[valid].cpu(), rtol=2 ** -7, atol=0)
+    else:
+        assert torch.equal(got[valid].cpu(), want[valid].cpu())
+
+
+@pytest.mark.parametrize("dtype,out_dtype,with_weights", [(torch.float16, None, True), (torch.float32, None, False),
+                                                          (torch.bfloat16, torch.float32, True)])
+def test_combine_matches_reference(dtype, out_dtype, with_weights):
+    torch.manual_seed(5)
+    num_tokens, top_k, hidden_size = 10, 4, 72
+    ids = _random_ids(num_tokens, top_k, 16, torch.Generator().manual_seed(2))
+    expert_map = torch.where(torch.arange(16) < 12, torch.arange(16), -1).to(torch.int32)
+    ids, expert_map = ids.to(DEVICE), expert_map.to(DEVICE)
+    disp = dispatch_reference(ids, 12, align=4, expert_map=expert_map)
+    y = torch.randn(disp.sorted_slots.numel(), hidden_size).to(dtype).to(DEVICE)
+    weights = torch.rand(num_tokens, top_k, device=DEVICE) if with_weights else None
+    if with_weights:  # a NaN weight on an off-rank slot must add nothing
+        off = (disp.slot_rows.view(num_tokens, top_k) < 0).nonzero()
+        if len(off):
+            weights[off[0, 0], off[0, 1]] = float("nan")
+    got = combine(y, disp, weights, num_tokens, top_k, out_dtype=out_dtype, backend=TRITON)
+    want = combine_reference(y, disp, weights, num_tokens, top_k, out_dtype)
+    assert got.dtype == want.dtype and not torch.isnan(got).any()
+    # fp32 accumulation of the same products: a few ulps of the output dtype at most.
+    tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-6}[got.dtype]
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), rtol=tol, atol=tol)
+    again = combine(y, disp, weights, num_tokens, top_k, out_dtype=out_dtype, backend=TRITON)
+    assert torch.equal(got, again)
+
+
+@pytest.mark.parametrize("use_map", [False, True])
+def test_route_dispatch_fused(use_map):
+    torch.manual_seed(9)
+    num_experts, num_tokens = 16, 5
+    config = RoutingConfig(top_k=3, scoring=Scoring.SOFTMAX)
+    logits = torch.randn(num_tokens, num_experts).to(torch.bfloat16).to(DEVICE)
+    expert_map = None
+    local = num_experts
+    if use_map:
+        expert_map = torch.where(torch.arange(16) % 2 == 0, torch.arange(16) // 2, -1).to(torch.int32).to(DEVICE)
+        local = 8
+    weights, ids, disp = route_dispatch(logits, config, local, align=8, expert_map=expert_map, backend=TRITON)
+    rw, ri = route_reference(logits, config)
+    assert_route_equal((weights, ids), (rw, ri))
+    assert_dispatch_equal(disp, dispatch_reference(ri, local, align=8, expert_map=expert_map))

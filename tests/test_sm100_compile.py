@@ -1,0 +1,180 @@
+"""sm_100a grouped GEMM: config validity, resource model vs planner, and compile-only checks on CPU.
+
+No Blackwell GPU is needed: kernels are compiled for sm_100a on fake tensors with a symbolic row count and
+the PTX / host IR are inspected. The default tier compiles a representative subset; the full preset set
+(5 models x GEMM1/GEMM2 x PAIR/SINGLE, about 2 minutes on 2 cores) is marked slow.
+"""
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from moe2cta.grouped_gemm import Activation
+from moe2cta.grouped_gemm.budget import Arch, WorkUnit
+from moe2cta.grouped_gemm.cute_runtime import dsl_available
+from moe2cta.grouped_gemm import sm100_grouped_gemm as sm100
+from moe2cta.grouped_gemm.sm100_grouped_gemm import GemmStage, Sm100GemmConfig, Sm100Problem
+from moe2cta.presets import PRESETS, get_preset
+
+needs_dsl = pytest.mark.skipif(not dsl_available(), reason="nvidia-cutlass-dsl is not installed")
+
+PAIR_PTX = ("tcgen05.mma.cta_group::2", "tcgen05.alloc.cta_group::2", "tcgen05.ld", "clusterlaunchcontrol.try_cancel")
+SINGLE_PTX = ("tcgen05.mma.cta_group::1", "tcgen05.alloc.cta_group::1", "tcgen05.ld", "clusterlaunchcontrol.try_cancel")
+
+
+def _gemm1(n=1536, k=2048, e=128, activation=Activation.SWIGLU, bias=False):
+    return Sm100Problem(GemmStage.GEMM1, n, k, e, activation=activation, has_bias=bias)
+
+
+def _planner_budget(config, problem):
+    from moe2cta.planner import Candidate, GemmKind, GemmProblem, compute_budget
+
+    kind = GemmKind.GEMM1 if problem.stage is GemmStage.GEMM1 else GemmKind.GEMM2
+    gemm = GemmProblem("x", kind, problem.n, problem.k, (256,) * problem.num_experts, "balanced")
+    use = sm100.resource_use(config, problem)
+    cand = Candidate(Arch.SM100, config.unit, config.tile_m, config.tile_n, config.tile_k, use.stages,
+                     config.accumulator_slots, 0, config.epi_n, config.epi_buffers)
+    return compute_budget(cand, gemm)
+
+
+def test_import_needs_no_dsl():
+    code = ("import sys, moe2cta.grouped_gemm.sm100_grouped_gemm as m; "
+            "assert 'cutlass' not in sys.modules and 'tvm_ffi' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_config_and_problem_validation():
+    with pytest.raises(TypeError, match="unit"):
+        Sm100GemmConfig(unit="pair")
+    with pytest.raises(ValueError, match="tile_n"):
+        Sm100GemmConfig(tile_n=0)
+    with pytest.raises(ValueError, match="stages"):
+        Sm100GemmConfig(stages=-1)
+    with pytest.raises(TypeError, match="stage"):
+        Sm100Problem("gemm1", 256, 256, 4)
+    with pytest.raises(ValueError, match="has_row_scale"):
+        Sm100Problem(GemmStage.GEMM1, 256, 256, 4, has_row_scale=True)
+    with pytest.raises(ValueError, match="activation"):
+        Sm100Problem(GemmStage.GEMM2, 256, 256, 4, activation=Activation.SWIGLU)
+    assert Sm100GemmConfig().tile == (256, 256, 64) and Sm100GemmConfig().cluster == (2, 1, 1)
+    single = Sm100GemmConfig(unit=WorkUnit.SINGLE)
+    assert single.tile_m == 128 and single.cluster == (1, 1, 1)
+    assert Sm100GemmConfig(pair_threshold=129).single_fallback().unit is WorkUnit.SINGLE
+
+
+@pytest.mark.parametrize(
+    "config, problem, fragment",
+    [
+        (Sm100GemmConfig(tile_n=256), _gemm1(n=5760), "N=5760"),
+        (Sm100GemmConfig(tile_k=64), _gemm1(k=2880 + 32), "K="),
+        (Sm100GemmConfig(tile_n=264), _gemm1(), "tile_n"),
+        (Sm100GemmConfig(unit=WorkUnit.SINGLE, pair_threshold=64), _gemm1(), "pair_threshold"),
+        (Sm100GemmConfig(stages=12), _gemm1(), "SMEM"),
+        (Sm100GemmConfig(accumulator_slots=3, tile_n=128), _gemm1(), "accumulator_slots"),
+        (Sm100GemmConfig(tile_n=128, epi_n=48), Sm100Problem(GemmStage.GEMM2, 2048, 768, 8), "epi_n"),
+    ],
+)
+def test_can_implement_gives_reasons(config, problem, fragment):
+    ok, reason = sm100.can_implement(config, problem)
+    assert not ok and fragment in reason
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_has_pair_and_single_kernels_matching_the_planner(name):
+    for problem, config in sm100.preset_configs(get_preset(name)):
+        assert sm100.can_implement(config, problem) == (True, "")
+        use = sm100.resource_use(config, problem)
+        budget = _planner_budget(config, problem)
+        assert use.smem_bytes == budget.smem_bytes
+        assert use.tmem_alloc_columns == budget.tmem_alloc_columns <= 512
+        assert use.stages >= 2
+    units = {config.unit for _, config in sm100.preset_configs(get_preset(name))}
+    assert units == {WorkUnit.PAIR, WorkUnit.SINGLE}
+
+
+def test_pair_halves_b_per_cta():
+    problem = _gemm1()
+    pair = sm100.resource_use(Sm100GemmConfig(unit=WorkUnit.PAIR, tile_n=256, stages=3), problem)
+    single = sm100.resource_use(Sm100GemmConfig(unit=WorkUnit.SINGLE, tile_n=256, stages=3), problem)
+    assert pair.a_stage_bytes + pair.b_stage_bytes == 32 * 1024  # the seed's 2-CTA number
+    assert single.a_stage_bytes + single.b_stage_bytes == 48 * 1024
+    assert pair.tmem_columns == 512  # two 256-column slots fill TMEM
+
+
+def test_ptx_and_ir_parsers():
+    ptx = "mov.b32 \t%r7, 384;\n\tmov.b32 \t%r9, 512;\n\ttcgen05.alloc.cta_group::2.sync.aligned.shared::cta.b32 \t[%r3], %r9;\n"
+    assert sm100._ptx_tmem_alloc_columns(ptx) == 512
+    assert sm100.ptx_report(ptx)["tcgen05.alloc.cta_group::2"] == 1
+    struct = sm100._LAUNCH_STRUCT
+    ir = (f"    %24 = llvm.mlir.constant(214016 : i64) : i64\n"
+          f"    %147 = llvm.getelementptr %141[0, 2] : (!llvm.ptr) -> !llvm.ptr, !llvm.{struct}\n"
+          f"    llvm.store %24, %147 : i64, !llvm.ptr\n")
+    assert sm100._ir_launch_smem_bytes(ir) == 214016
+
+
+def _check_compiled(config, problem):
+    compiled, report = sm100.compile_kernel(config, problem, keep_ptx=True)
+    budget = _planner_budget(config, problem)
+    expected = PAIR_PTX if config.unit is WorkUnit.PAIR else SINGLE_PTX
+    for mnemonic in expected:
+        assert report.instructions[mnemonic] >= 1, mnemonic
+    other = "tcgen05.mma.cta_group::1" if config.unit is WorkUnit.PAIR else "tcgen05.mma.cta_group::2"
+    assert report.instructions[other] == 0
+    assert report.smem_bytes == budget.smem_bytes == sm100.resource_use(config, problem).smem_bytes
+    assert report.tmem_alloc_columns == budget.tmem_alloc_columns
+    return compiled
+
+
+@needs_dsl
+@pytest.mark.parametrize("unit", [WorkUnit.PAIR, WorkUnit.SINGLE])
+def test_compile_qwen3_gemm1(unit):
+    problem = sm100.preset_problems(get_preset("qwen3-30b-a3b"))[0]
+    _check_compiled(sm100.default_config(problem, unit), problem)
+
+
+@needs_dsl
+def test_compile_gpt_oss_gemm2_bias_row_scale_pair():
+    problem = sm100.preset_problems(get_preset("gpt-oss-120b"))[1]
+    assert problem.has_bias and problem.has_row_scale
+    config = sm100.default_config(problem, WorkUnit.PAIR)
+    assert config.tile_n == 192  # 2880 columns: the widest N tile that divides
+    _check_compiled(config, problem)
+
+
+@needs_dsl
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_compile_every_preset(name):
+    for problem, config in sm100.preset_configs(get_preset(name)):
+        _check_compiled(config, problem)
+
+
+@needs_dsl
+@pytest.mark.slow
+@pytest.mark.parametrize("activation", [Activation.GELU_GATED, Activation.SWIGLU_OAI])
+def test_compile_other_activations_with_bias(activation):
+    problem = _gemm1(n=512, k=256, e=8, activation=activation, bias=True)
+    _check_compiled(sm100.default_config(problem, WorkUnit.PAIR), problem)
+
+
+@needs_dsl
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None, reason="needs gcc and nm to export")
+def test_aot_bundle_command(tmp_path):
+    out = tmp_path / "bundle"
+    cmd = [sys.executable, "-m", "moe2cta.aot", "build", "--model", "qwen3-30b-a3b", "--arch", "sm_100a",
+           "--out", str(out), "--keep-ptx"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    from moe2cta.grouped_gemm.cute_runtime import read_manifest
+
+    manifest = read_manifest(out)
+    assert len(manifest) == 4
+    for stem, entry in manifest.items():
+        info = entry["info"]
+        assert info["smem_bytes_compiled"] == info["smem_bytes_model"]
+        assert info["tmem_alloc_columns_compiled"] == info["tmem_alloc_columns_model"]
+        ptx = (out / entry["ptx"]).read_text()
+        wanted = PAIR_PTX if info["unit"] == "pair" else SINGLE_PTX
+        assert all(m in ptx for m in wanted)
+        symbols = subprocess.run(["nm", "-D", str(out / entry["library"])], capture_output=True, text=True).stdout
+        assert entry["function"] in symbols

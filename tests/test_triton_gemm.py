@@ -1,0 +1,395 @@
+"""Triton grouped GEMM (grouped_gemm/triton_grouped_gemm.py) against the torch twins.
+
+CPU tier: every kernel variant under TRITON_INTERPRET=1 on small fp16/fp32 shapes (the interpreter
+mis-computes bf16 dots). GPU tier (marker gpu): bf16 on random and skewed routings, T up to 65536, and CUDA
+graph capture + replay with a changed routing. The dispatch metadata is built here with plain torch code.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from moe2cta.grouped_gemm import Activation, grouped_gemm1_reference, grouped_gemm2_reference
+from moe2cta.grouped_gemm.triton_grouped_gemm import (
+    DEFAULT_TILE_HEIGHTS,
+    GemmStage,
+    GroupedGemmProblem,
+    TritonGemmConfig,
+    can_implement,
+    default_config,
+    triton_grouped_gemm1,
+    triton_grouped_gemm2,
+)
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def make_dispatch(topk_ids: torch.Tensor, num_experts: int, align: int = 128,
+                  tile_heights: tuple[int, ...] = DEFAULT_TILE_HEIGHTS) -> dict[str, torch.Tensor]:
+    """docs/design.md dispatch metadata in plain torch (stable: rows in slot order within an expert)."""
+    device = topk_ids.device
+    num_tokens, top_k = topk_ids.shape
+    flat = topk_ids.flatten().long()
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + align - 1) // align * align
+    zero = torch.zeros(1, dtype=torch.long, device=device)
+    row_offsets = torch.cat([zero, padded.cumsum(0)])
+    token_offsets = torch.cat([zero, counts.cumsum(0)])
+    tile_offsets = torch.stack(
+        [torch.cat([zero, ((counts + h - 1) // h).cumsum(0)]) for h in tile_heights])
+    max_rows = num_tokens * top_k + num_experts * (align - 1)
+    order = torch.sort(flat, stable=True).indices  # slots grouped by expert, slot order inside
+    rank = torch.arange(flat.numel(), device=device) - token_offsets[flat[order]]
+    sorted_slots = torch.full((max_rows,), -1, dtype=torch.int32, device=device)
+    sorted_slots[row_offsets[flat[order]] + rank] = order.to(torch.int32)
+    return {
+        "counts": counts.to(torch.int32),
+        "row_offsets": row_offsets.to(torch.int32),
+        "tile_offsets": tile_offsets.to(torch.int32).contiguous(),
+        "sorted_slots": sorted_slots,
+        "max_rows": max_rows,
+    }
+
+
+def random_topk(num_tokens: int, num_experts: int, top_k: int, device="cpu", skew: str = "uniform",
+                generator=None) -> torch.Tensor:
+    """skew: uniform (distinct experts per token), one (all slots on expert 0 when top_k == 1, else the first
+    top_k experts), half (experts of odd index get no tokens)."""
+    if skew == "one":
+        ids = torch.arange(top_k, device=device).expand(num_tokens, top_k)
+    elif skew == "half":
+        scores = torch.rand(num_tokens, num_experts, device=device, generator=generator)
+        scores[:, 1::2] = -1.0
+        ids = scores.topk(top_k, dim=1).indices
+    else:
+        ids = torch.rand(num_tokens, num_experts, device=device, generator=generator).topk(top_k, dim=1).indices
+    return ids.to(torch.int32).contiguous()
+
+
+def gathered(hidden: torch.Tensor, sorted_slots: torch.Tensor, top_k: int) -> torch.Tensor:
+    """a1 in the padded layout; padding rows hold random values (kernels must not depend on them)."""
+    a1 = torch.randn(sorted_slots.shape[0], hidden.shape[1], dtype=hidden.dtype, device=hidden.device)
+    valid = sorted_slots >= 0
+    a1[valid] = hidden[(sorted_slots[valid] // top_k).long()]
+    return a1
+
+
+def valid_mask(disp) -> torch.Tensor:
+    rows = torch.arange(disp["max_rows"], device=disp["counts"].device)
+    starts = disp["row_offsets"][:-1].long()
+    ends = starts + disp["counts"].long()
+    return ((rows[:, None] >= starts[None, :]) & (rows[:, None] < ends[None, :])).any(dim=1)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check_close(out, ref32, same_dtype_run, mask, floor):
+    """||out - ref|| / ||ref|| over valid rows within 2x a same-dtype torch run's error (plus a floor)."""
+    if mask.sum() == 0:
+        return
+    assert torch.isfinite(out[mask]).all(), "non-finite or unwritten output in valid rows"
+    bound = 2.0 * rel_err(same_dtype_run[mask], ref32[mask]) + floor
+    err = rel_err(out[mask], ref32[mask])
+    assert err <= bound, f"rel err {err:.3g} > bound {bound:.3g}"
+
+
+def floor_for(dtype):
+    return {torch.float32: 2e-5, torch.float16: 2e-4, torch.bfloat16: 2e-3}[dtype]
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Run Triton kernels in the interpreter on CPU tensors (scoped to the test)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def run_gemm1(disp, hidden, w13, top_k, activation, b13=None, use_a_rows=False, config=None):
+    a1 = gathered(hidden, disp["sorted_slots"], top_k)
+    kwargs = dict(activation=activation, b13=b13, config=config)
+    poison = torch.full((disp["max_rows"], w13.shape[1] // 2), float("nan"), dtype=hidden.dtype,
+                        device=hidden.device)
+    if use_a_rows:
+        a_rows = torch.where(disp["sorted_slots"] >= 0, disp["sorted_slots"] // top_k, -1).to(torch.int32)
+        out = triton_grouped_gemm1(hidden, w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"],
+                                   a_rows=a_rows, out=poison, **kwargs)
+    else:
+        out = triton_grouped_gemm1(a1, w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"],
+                                   out=poison, **kwargs)
+    b32 = b13.float() if b13 is not None else None
+    ref = grouped_gemm1_reference(a1.float(), w13.float(), disp["row_offsets"], disp["counts"], activation, b32)
+    same = grouped_gemm1_reference(a1, w13, disp["row_offsets"], disp["counts"], activation, b13)
+    return out, ref, same
+
+
+def run_gemm2(disp, a2, w2, row_scale=None, b2=None, config=None):
+    poison = torch.full((disp["max_rows"], w2.shape[1]), float("nan"), dtype=a2.dtype, device=a2.device)
+    out = triton_grouped_gemm2(a2, w2, disp["row_offsets"], disp["counts"], disp["tile_offsets"],
+                               row_scale=row_scale, b2=b2, out=poison, config=config)
+    b32 = b2.float() if b2 is not None else None
+    ref = grouped_gemm2_reference(a2.float(), w2.float(), disp["row_offsets"], disp["counts"], row_scale, b32)
+    same = grouped_gemm2_reference(a2, w2, disp["row_offsets"], disp["counts"], row_scale, b2)
+    return out, ref, same
+
+
+# ---------------------------------------------------------------------------------------------- CPU tier
+SMALL = TritonGemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2, group_m=2)
+TALL = TritonGemmConfig(block_m=64, block_n=32, block_k=64, num_warps=4, num_stages=2, group_m=1)
+
+
+@pytest.mark.parametrize("activation", list(Activation))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gemm1_activations_cpu(interpret, activation, dtype):
+    gen = torch.Generator().manual_seed(hash((activation.value, str(dtype))) % 2**31)
+    num_experts, top_k, hidden_dim, inter = 6, 2, 64, 48  # I=48: N tail in a 32-wide tile
+    hidden = torch.randn(33, hidden_dim, generator=gen).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen) / hidden_dim**0.5).to(dtype)
+    b13 = torch.randn(num_experts, 2 * inter, generator=gen).to(dtype)
+    for num_tokens, config in ((0, SMALL), (1, SMALL), (7, TALL), (33, SMALL)):
+        disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, generator=gen), num_experts, align=16)
+        out, ref, same = run_gemm1(disp, hidden[:num_tokens], w13, top_k, activation, b13=b13, config=config)
+        check_close(out, ref, same, valid_mask(disp), floor_for(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gemm1_gather_no_bias_cpu(interpret, dtype):
+    """a_rows: A rows read from the token matrix; align 128 with 256-row tiles that run past the experts."""
+    gen = torch.Generator().manual_seed(7)
+    num_experts, top_k, hidden_dim, inter = 8, 2, 96, 32  # K=96: K tail in 64-deep steps
+    hidden = torch.randn(33, hidden_dim, generator=gen).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen) / hidden_dim**0.5).to(dtype)
+    tall = TritonGemmConfig(block_m=256, block_n=32, block_k=64, num_warps=8, num_stages=2, group_m=4)
+    for num_tokens, config in ((1, SMALL), (33, tall), (33, SMALL)):
+        disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, generator=gen), num_experts)
+        out, ref, same = run_gemm1(disp, hidden[:num_tokens], w13, top_k, Activation.SWIGLU, use_a_rows=True,
+                                   config=config)
+        mask = valid_mask(disp)
+        check_close(out, ref, same, mask, floor_for(dtype))
+        assert torch.isnan(out[~mask]).all(), "padding rows were written"
+
+
+def test_gemm1_gather_minus_one_loads_zeros_cpu(interpret):
+    """A valid row whose a_rows entry is -1 reads zeros: act(b13) with a bias."""
+    gen = torch.Generator().manual_seed(3)
+    num_experts, top_k, hidden_dim, inter = 4, 1, 32, 32
+    hidden = torch.randn(5, hidden_dim, generator=gen)
+    w13 = torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen)
+    b13 = torch.randn(num_experts, 2 * inter, generator=gen)
+    disp = make_dispatch(random_topk(5, num_experts, top_k, generator=gen), num_experts, align=16)
+    a_rows = torch.where(disp["sorted_slots"] >= 0, disp["sorted_slots"] // top_k, -1).to(torch.int32)
+    first = int(disp["row_offsets"][int(torch.nonzero(disp["counts"])[0])])
+    a_rows[first] = -1
+    out = triton_grouped_gemm1(hidden, w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"],
+                               Activation.SWIGLU, b13=b13, a_rows=a_rows, config=SMALL)
+    a1 = torch.zeros(disp["max_rows"], hidden_dim)
+    a1[a_rows >= 0] = hidden[a_rows[a_rows >= 0].long()]
+    ref = grouped_gemm1_reference(a1, w13, disp["row_offsets"], disp["counts"], Activation.SWIGLU, b13)
+    mask = valid_mask(disp)
+    assert rel_err(out[mask], ref[mask]) < 2e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gemm2_scale_bias_cpu(interpret, dtype):
+    gen = torch.Generator().manual_seed(11)
+    num_experts, top_k, inter, hidden_dim = 5, 2, 96, 80  # K tail and N tail
+    w2 = (torch.randn(num_experts, hidden_dim, inter, generator=gen) / inter**0.5).to(dtype)
+    b2 = torch.randn(num_experts, hidden_dim, generator=gen).to(dtype)
+    for num_tokens, with_scale, with_bias, config in ((0, True, True, SMALL), (1, True, False, SMALL),
+                                                      (7, False, True, TALL), (33, True, True, SMALL)):
+        disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, generator=gen), num_experts, align=16)
+        a2 = torch.randn(disp["max_rows"], inter, generator=gen).to(dtype)
+        scale = torch.rand(disp["max_rows"], generator=gen) if with_scale else None
+        out, ref, same = run_gemm2(disp, a2, w2, scale, b2 if with_bias else None, config)
+        mask = valid_mask(disp)
+        check_close(out, ref, same, mask, floor_for(dtype))
+        assert torch.isnan(out[~mask]).all(), "padding rows were written"
+
+
+@pytest.mark.parametrize("skew", ["one", "half"])
+def test_skewed_routing_cpu(interpret, skew):
+    """All rows on one expert (many tiles of one expert) and zero-token experts, both GEMMs, fp16."""
+    gen = torch.Generator().manual_seed(5)
+    num_experts, top_k, hidden_dim, inter = 8, 1, 32, 64
+    dtype = torch.float16
+    hidden = torch.randn(40, hidden_dim, generator=gen).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen) / hidden_dim**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden_dim, inter, generator=gen) / inter**0.5).to(dtype)
+    disp = make_dispatch(random_topk(40, num_experts, top_k, skew=skew, generator=gen), num_experts, align=16)
+    assert (disp["counts"] == 0).any()
+    out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU, config=SMALL)
+    mask = valid_mask(disp)
+    check_close(out1, ref1, same1, mask, floor_for(dtype))
+    a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype))
+    scale = torch.rand(disp["max_rows"], generator=gen)
+    out2, ref2, same2 = run_gemm2(disp, a2, w2, scale, config=SMALL)
+    check_close(out2, ref2, same2, mask, floor_for(dtype))
+
+
+def test_default_config_cpu(interpret):
+    """The heuristic's config runs (tiny problem) and the buckets pick the documented tiles."""
+    gen = torch.Generator().manual_seed(2)
+    num_experts, top_k, hidden_dim, inter = 4, 2, 32, 32
+    hidden = torch.randn(3, hidden_dim, generator=gen)
+    w13 = torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen) / hidden_dim**0.5
+    disp = make_dispatch(random_topk(3, num_experts, top_k, generator=gen), num_experts)
+    out, ref, same = run_gemm1(disp, hidden, w13, top_k, Activation.GELU_GATED)
+    check_close(out, ref, same, valid_mask(disp), floor_for(torch.float32))
+
+    def pick(rows, stage=GemmStage.GEMM1, n=768, k=2048, e=128):
+        return default_config(GroupedGemmProblem(stage, e, n, k, rows))
+
+    assert pick(8).block_m == 16
+    assert pick(32 * 8).block_m == 16  # T=32, k=8: 2 rows per active expert
+    assert pick(64 * 128).block_m == 64
+    assert pick(4096 * 8).block_m == 128
+    for rows in (0, 1, 8, 512, 4096, 32768, 10**6):
+        for stage in GemmStage:
+            problem = GroupedGemmProblem(stage, 128, 768, 2048, rows)
+            ok, reason = can_implement(default_config(problem), problem)
+            assert ok, reason
+
+
+def test_can_implement_and_argument_errors():
+    problem = GroupedGemmProblem(GemmStage.GEMM1, 8, 256, 256, 64)
+    assert can_implement(TritonGemmConfig(), problem) == (True, "")
+    bad = {
+        "block_m": TritonGemmConfig(block_m=32),
+        "power of two": TritonGemmConfig(block_n=96),
+        ">= 16": TritonGemmConfig(block_k=8),
+        "shared memory": TritonGemmConfig(block_m=256, block_n=256, block_k=128, num_stages=6, num_warps=16),
+        "registers": TritonGemmConfig(block_m=256, block_n=256, num_warps=4, num_stages=2, block_k=16),
+    }
+    for word, config in bad.items():
+        ok, reason = can_implement(config, problem)
+        assert not ok and word in reason, (word, reason)
+    assert not can_implement(TritonGemmConfig(), GroupedGemmProblem(GemmStage.GEMM2, 8, 64, 64, 8, torch.int8))[0]
+
+    disp = make_dispatch(random_topk(4, 4, 2), 4)
+    a = torch.randn(disp["max_rows"], 32)
+    w13 = torch.randn(4, 64, 32)
+    args = (disp["row_offsets"], disp["counts"], disp["tile_offsets"])
+    with pytest.raises(ValueError, match="w13"):
+        triton_grouped_gemm1(a, w13.half(), *args)
+    with pytest.raises(ValueError, match="a:"):
+        triton_grouped_gemm1(a[:, :16], w13, *args)
+    with pytest.raises(ValueError, match="counts"):
+        triton_grouped_gemm1(a, w13, disp["row_offsets"], disp["counts"].long(), disp["tile_offsets"])
+    with pytest.raises(ValueError, match="tile_offsets"):
+        triton_grouped_gemm1(a, w13, *args, tile_heights=(16, 64))
+    with pytest.raises(ValueError, match="activation"):
+        triton_grouped_gemm1(a, w13, *args, activation="relu")
+    with pytest.raises(ValueError, match="config"):
+        triton_grouped_gemm1(a, w13, *args, config=TritonGemmConfig(block_m=32))
+    with pytest.raises(ValueError, match="row_scale"):
+        triton_grouped_gemm2(a, torch.randn(4, 16, 32), *args, row_scale=torch.rand(3))
+    with pytest.raises(TypeError, match="a:"):
+        triton_grouped_gemm2(a.numpy(), torch.randn(4, 16, 32), *args)
+
+
+# ---------------------------------------------------------------------------------------------- GPU tier
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def _gpu_weights(num_experts, hidden_dim, inter, dtype, gen, bias=False):
+    w13 = (torch.randn(num_experts, 2 * inter, hidden_dim, device="cuda", generator=gen) / hidden_dim**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden_dim, inter, device="cuda", generator=gen) / inter**0.5).to(dtype)
+    b13 = torch.randn(num_experts, 2 * inter, device="cuda", generator=gen).to(dtype) if bias else None
+    b2 = torch.randn(num_experts, hidden_dim, device="cuda", generator=gen).to(dtype) if bias else None
+    return w13, w2, b13, b2
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("skew", ["uniform", "one", "half"])
+@pytest.mark.parametrize("num_tokens", [0, 1, 7, 128, 4096, 65536])
+def test_moe_gemms_gpu(num_tokens, skew):
+    """Both GEMMs with the default configs (every bucket), bf16, random and skewed routings."""
+    gen = torch.Generator(device="cuda").manual_seed(num_tokens * 3 + len(skew))
+    num_experts, top_k, hidden_dim, inter = 16, 4, 512, 256
+    dtype = torch.bfloat16
+    w13, w2, _, _ = _gpu_weights(num_experts, hidden_dim, inter, dtype, gen)
+    hidden = torch.randn(num_tokens, hidden_dim, device="cuda", generator=gen).to(dtype)
+    disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, "cuda", skew, gen), num_experts)
+    mask = valid_mask(disp)
+    for use_a_rows in (False, True):
+        out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU, use_a_rows=use_a_rows)
+        check_close(out1, ref1, same1, mask, floor_for(dtype))
+    a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype, device="cuda"))
+    scale = torch.rand(disp["max_rows"], device="cuda", generator=gen)
+    out2, ref2, same2 = run_gemm2(disp, a2, w2, scale)
+    check_close(out2, ref2, same2, mask, floor_for(dtype))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("activation", list(Activation))
+def test_activations_bias_gpu(activation):
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    num_experts, top_k, hidden_dim, inter = 8, 2, 384, 320  # N tail for 128-wide tiles
+    dtype = torch.bfloat16
+    w13, w2, b13, b2 = _gpu_weights(num_experts, hidden_dim, inter, dtype, gen, bias=True)
+    for num_tokens in (3, 2000):
+        hidden = torch.randn(num_tokens, hidden_dim, device="cuda", generator=gen).to(dtype)
+        disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, "cuda", generator=gen), num_experts)
+        mask = valid_mask(disp)
+        out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, activation, b13=b13, use_a_rows=True)
+        check_close(out1, ref1, same1, mask, floor_for(dtype))
+        a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype, device="cuda"))
+        out2, ref2, same2 = run_gemm2(disp, a2, w2, None, b2)
+        check_close(out2, ref2, same2, mask, floor_for(dtype))
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_graph_replay_with_new_routing_gpu():
+    """Capture GEMM1 (gather) + GEMM2 once; replay after rewriting the metadata buffers with a new routing."""
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    num_experts, top_k, hidden_dim, inter, num_tokens = 16, 4, 512, 256, 96
+    dtype = torch.bfloat16
+    w13, w2, _, _ = _gpu_weights(num_experts, hidden_dim, inter, dtype, gen)
+    hidden = torch.randn(num_tokens, hidden_dim, device="cuda", generator=gen).to(dtype)
+    first = make_dispatch(random_topk(num_tokens, num_experts, top_k, "cuda", generator=gen), num_experts)
+    static = {k: v.clone() for k, v in first.items() if isinstance(v, torch.Tensor)}
+    a_rows = torch.where(static["sorted_slots"] >= 0, static["sorted_slots"] // top_k, -1).to(torch.int32)
+    scale = torch.rand(first["max_rows"], device="cuda", generator=gen)
+    out1 = torch.empty(first["max_rows"], inter, dtype=dtype, device="cuda")
+    out2 = torch.empty(first["max_rows"], hidden_dim, dtype=dtype, device="cuda")
+
+    def forward():
+        triton_grouped_gemm1(hidden, w13, static["row_offsets"], static["counts"], static["tile_offsets"],
+                             a_rows=a_rows, out=out1)
+        triton_grouped_gemm2(out1, w2, static["row_offsets"], static["counts"], static["tile_offsets"],
+                             row_scale=scale, out=out2)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward()
+
+    for skew in ("uniform", "one", "half"):
+        disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, "cuda", skew, gen), num_experts)
+        for key in static:
+            static[key].copy_(disp[key])
+        a_rows.copy_(torch.where(disp["sorted_slots"] >= 0, disp["sorted_slots"] // top_k, -1))
+        out1.fill_(float("nan"))
+        out2.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        mask = valid_mask(disp)
+        a1 = gathered(hidden, disp["sorted_slots"], top_k)
+        ref1 = grouped_gemm1_reference(a1.float(), w13.float(), disp["row_offsets"], disp["counts"])
+        same1 = grouped_gemm1_reference(a1, w13, disp["row_offsets"], disp["counts"])
+        check_close(out1, ref1, same1, mask, floor_for(dtype))
+        a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype, device="cuda"))
+        ref2 = grouped_gemm2_reference(a2.float(), w2.float(), disp["row_offsets"], disp["counts"], scale)
+        same2 = grouped_gemm2_reference(a2, w2, disp["row_offsets"], disp["counts"], scale)
+        check_close(out2, ref2, same2, mask, floor_for(dtype))
