@@ -188,6 +188,8 @@ class Sm90GroupedGemmKernel:
             mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sched_barriers: cute.struct.MemRange[cutlass.Int64, self.sched_stages * 2]
             sched_slots: cute.struct.MemRange[cutlass.Int32, self.sched_stages * 4]
+            expert_rows: cute.struct.MemRange[cutlass.Int32, self.num_experts + 1]
+            expert_counts: cute.struct.MemRange[cutlass.Int32, self.num_experts]
             sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem_staged)], self.buffer_align_bytes]
             sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem_staged)], self.buffer_align_bytes]
             sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(epi_smem_staged)], self.buffer_align_bytes]
@@ -338,6 +340,14 @@ class Sm90GroupedGemmKernel:
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
+        # SMEM copies of the dispatch metadata: the per-unit expert search then costs SMEM, not L2, latency
+        s_rows = storage.expert_rows.get_tensor(cute.make_layout(self.num_experts + 1))
+        s_counts = storage.expert_counts.get_tensor(cute.make_layout(self.num_experts))
+        for i in cutlass.range(tidx, self.num_experts + 1, self.threads, unroll=1):
+            s_rows[i] = row_offsets[i]
+            if i < self.num_experts:
+                s_counts[i] = counts[i]
+        cute.arch.sync_threads()
 
         # (bM, bK, RestM, RestK), (bN, bK, RestN, RestK, E), (bM, bN_out, RestM, RestN)
         gA = cute.local_tile(mA, (self.tile_m, self.tile_k), (None, None))
@@ -369,12 +379,16 @@ class Sm90GroupedGemmKernel:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
                 unit = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True)
-                self.publish_unit(unit, sched, sched_state, slots)
-                total = self.total_units(row_offsets)
+                if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                    self.publish_unit(unit, sched, sched_state, slots)
+                    sched_state.advance()  # pipeline states advance in the loop body, where the DSL carries them
+                total = self.total_units(s_rows)
                 while unit < total:
                     m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
-                        unit, row_offsets, counts, pair_threshold, rank
+                        unit, s_rows, s_counts, pair_threshold, rank
                     )
+                    # ask for the next unit now: the atomic's latency hides behind this unit's loads
+                    next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False)
                     for k in cutlass.range(k_tiles, unroll=1):
                         mainloop.producer_acquire(state)
                         bar = mainloop.producer_get_barrier(state)
@@ -394,8 +408,10 @@ class Sm90GroupedGemmKernel:
                             cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                         mainloop.producer_commit(state)
                         state.advance()
-                    unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False)
-                    self.publish_unit(unit, sched, sched_state, slots)
+                    unit = next_unit
+                    if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                        self.publish_unit(unit, sched, sched_state, slots)
+                        sched_state.advance()
                 self.finish_dynamic(workspace, gdim)
                 mainloop.producer_tail(state)
         else:
@@ -410,8 +426,9 @@ class Sm90GroupedGemmKernel:
             tCrB = tiled_mma.make_fragment_B(tCsB)
             acc_shape = thr_mma.partition_shape_C((self.tile_m, self.tile_n))
             acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
-            out_shape = thr_out.partition_shape_C((self.tile_m, self.out_tile_n))
-            out = cute.make_rmem_tensor(out_shape, self.acc_dtype)
+            out = acc  # plain epilogue: in place (saves tile_m * tile_n / threads registers)
+            if cutlass.const_expr(self.gated):
+                out = cute.make_rmem_tensor(thr_out.partition_shape_C((self.tile_m, self.out_tile_n)), self.acc_dtype)
             coords_acc = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
             coords_out = thr_out.partition_C(cute.make_identity_tensor((self.tile_m, self.out_tile_n)))
             num_k_blocks = cute.size(tCrA, mode=[2])
@@ -436,11 +453,14 @@ class Sm90GroupedGemmKernel:
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             sched_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.sched_stages)
             epi_count = cutlass.Int32(0)
-            unit = self.consumer_unit(cluster_id, num_clusters, cluster_id, sched, sched_read, slots, True)
-            total = self.total_units(row_offsets)
+            unit = cluster_id
+            if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                unit = self.read_published_unit(sched, sched_read, slots)
+                sched_read.advance()
+            total = self.total_units(s_rows)
             while unit < total:
                 m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
-                    unit, row_offsets, counts, pair_threshold, rank
+                    unit, s_rows, s_counts, pair_threshold, rank
                 )
                 # ---- mainloop: one wgmma group in flight, release the stage of the previous group
                 acc.fill(0.0)
@@ -487,7 +507,11 @@ class Sm90GroupedGemmKernel:
                             store_pipe.producer_acquire()
                         self.epi_barrier.arrive_and_wait()
                     epi_count = epi_count + epi_num
-                unit = self.consumer_unit(cluster_id, num_clusters, unit, sched, sched_read, slots, False)
+                if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                    unit = self.read_published_unit(sched, sched_read, slots)
+                    sched_read.advance()
+                else:
+                    unit = unit + num_clusters
             store_pipe.producer_tail()
 
     # ------------------------------------------------------------------ scheduling
@@ -507,24 +531,18 @@ class Sm90GroupedGemmKernel:
 
     @cute.jit
     def publish_unit(self, unit, sched, sched_state, slots):
-        """Producer warp -> consumers: the unit id through an SMEM slot (DYNAMIC only)."""
-        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
-            if cute.arch.lane_idx() == 0:
-                sched.producer_acquire(sched_state)
-                slots[(0, sched_state.index)] = unit
-                sched.producer_commit(sched_state)
-            sched_state.advance()
+        """Producer warp -> consumers: the unit id through an SMEM slot (DYNAMIC; the caller advances)."""
+        if cute.arch.lane_idx() == 0:
+            sched.producer_acquire(sched_state)
+            slots[(0, sched_state.index)] = unit
+            sched.producer_commit(sched_state)
 
     @cute.jit
-    def consumer_unit(self, cluster_id, num_clusters, previous, sched, sched_read, slots, is_first: cutlass.Constexpr):
-        unit = cluster_id
-        if cutlass.const_expr(not is_first):
-            unit = previous + num_clusters
-        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
-            sched.consumer_wait(sched_read)
-            unit = slots[(0, sched_read.index)]
-            sched.consumer_release(sched_read)
-            sched_read.advance()
+    def read_published_unit(self, sched, sched_read, slots):
+        """Consumer side of publish_unit (the caller advances sched_read)."""
+        sched.consumer_wait(sched_read)
+        unit = slots[(0, sched_read.index)]
+        sched.consumer_release(sched_read)
         return unit
 
     @cute.jit
@@ -557,9 +575,6 @@ class Sm90GroupedGemmKernel:
                         gate = acc[(ab + 8 * w, m, 0)]
                         up = acc[(ab + 8 * w + 4, m, 0)]
                         out[(ab + 4 * w, m, 0)] = self.activation(gate, up)
-        else:
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                out[i] = acc[i]
         if cutlass.const_expr(self.has_row_scale):
             for i in cutlass.range_constexpr(cute.size(out)):
                 out[i] = out[i] * row_scale[r0 + coords_out[i][0]]

@@ -82,6 +82,7 @@ __all__ = [
     "compile_kernel",
     "compile_for_preset",
     "ptx_report",
+    "tile_plan",
     "sm100_grouped_gemm1",
     "sm100_grouped_gemm2",
 ]
@@ -219,9 +220,8 @@ def resource_use(config: Sm100GemmConfig, problem: Sm100Problem) -> ResourceUse:
     a_stage = ROWS_PER_CTA * config.tile_k * e
     epi = epilogue_smem_bytes(ROWS_PER_CTA, config.epi_n, e, config.epi_buffers)
     stages = config.stages
-    if stages == 0:
-        fixed = _bookkeeping(max(1, 2), config) + epi
-        stages = max_stages(stage, fixed, Arch.SM100, barrier_bytes_per_stage=0)
+    if stages == 0:  # as many as fit next to the epilogue buffers and the (1 KiB-aligned) barriers
+        stages = max_stages(stage, _bookkeeping(2, config) + epi, Arch.SM100, barrier_bytes_per_stage=0)
         while stages > 1 and _bookkeeping(stages, config) + epi + stages * stage > ARCH_LIMITS[Arch.SM100].smem_per_cta:
             stages -= 1
     book = _bookkeeping(stages, config)
@@ -315,6 +315,32 @@ def kernel_key(config: Sm100GemmConfig, problem: Sm100Problem):
     )
 
 
+def tile_plan(row_offsets, counts, config: Sm100GemmConfig, max_rows: int, rows_lo: int = 0,
+              rows_hi: int = NO_UPPER_BOUND) -> list[tuple[int, int, tuple[bool, ...]]]:
+    """Python twin of the kernel's tile decode: [(expert, first row, does CTA v store)] of the live tiles.
+
+    Candidate c starts at row 128c; see the module docstring. Used by the tests to check that every valid
+    row is stored exactly once and no other expert's rows are written, without a GPU.
+    """
+    offsets, sizes = [int(x) for x in row_offsets], [int(x) for x in counts]
+    num_experts = len(sizes)
+    ctas = 2 if config.unit is WorkUnit.PAIR else 1
+    plan = []
+    for candidate in range((max_rows + ROW_GRANULE - 1) // ROW_GRANULE):
+        row0 = candidate * ROW_GRANULE
+        lo, hi = 0, num_experts + 1
+        for _ in range(max(1, math.ceil(math.log2(num_experts + 1)))):
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if offsets[mid] <= row0 else (lo, mid)
+        expert = min(lo, num_experts - 1)
+        start, count = offsets[expert], sizes[expert]
+        live = lo < num_experts and row0 < start + count and (row0 - start) % config.tile_m == 0
+        if live and rows_lo <= count < rows_hi:
+            stores = tuple(row0 + v * ROWS_PER_CTA < start + count for v in range(ctas))
+            plan.append((expert, row0, stores))
+    return plan
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The kernel (built on first use: needs nvidia-cutlass-dsl)
 # ----------------------------------------------------------------------------------------------------------
@@ -327,6 +353,7 @@ def _kernel_class():
     import cutlass.pipeline as pipeline
     import cutlass.utils as utils
     import cutlass.utils.blackwell_helpers as sm100_utils
+    import cutlass.tensor_utils
     from cutlass.cute.nvgpu import cpasync, tcgen05
     from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
     from cutlass.utils.gemm.sm100 import transform_partitioned_tensor_layout
@@ -386,7 +413,7 @@ def _kernel_class():
             a_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, self.ab_dtype, self.stages)
             b_smem = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, self.ab_dtype, self.stages)
             self.epi_tile = (ROWS_PER_CTA, self.epi_n)
-            c_smem = sm100_utils.make_smem_layout_epi(self.c_dtype, utils.LayoutEnum.ROW_MAJOR, self.epi_tile,
+            c_smem = sm100_utils.make_smem_layout_epi(self.c_dtype, cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, self.epi_tile,
                                                       self.epi_buffers)
             a_one = cute.slice_(a_smem, (None, None, None, 0))
             b_one = cute.slice_(b_smem, (None, None, None, 0))
@@ -530,7 +557,6 @@ def _kernel_class():
                             cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape),
                             cute.group_modes(sA, 0, 3), cute.group_modes(thr_mma.partition_A(gA), 0, 3))
                         tBgB_tile = tBgB[(None, coord[1], None, expert)]
-                        ab_producer.reset()
                         for kt in cutlass.range(k_tiles, unroll=1):
                             handle = ab_producer.acquire_and_advance()
                             cute.copy(tma_atom_a, tAgA[(None, kt)], tAsA[(None, handle.index)],
@@ -564,7 +590,6 @@ def _kernel_class():
                     live, _, _, _ = self.locate(row_offsets, counts, work.tile_idx[0] // cta_pair, rows_lo, rows_hi)
                     if live:
                         tCtAcc = tCtAcc_base[(None, None, None, acc_state.index)]
-                        ab_consumer.reset()
                         if is_leader:
                             acc_pipeline.producer_acquire(acc_state)
                             for kt in cutlass.range(k_tiles, unroll=1):
@@ -589,7 +614,7 @@ def _kernel_class():
                 acc_tile = (ROWS_PER_CTA, self.acc_sub_n)
                 tAcc_epi = cute.flat_divide(tCtAcc, acc_tile)  # (128, SUB, 1, subtiles, slots)
                 t2r = tcgen05.make_tmem_copy(
-                    sm100_utils.get_tmem_load_op(self.cta_tile, utils.LayoutEnum.ROW_MAJOR, self.c_dtype,
+                    sm100_utils.get_tmem_load_op(self.cta_tile, cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, self.c_dtype,
                                                  self.acc_dtype, acc_tile, self.pair),
                     tAcc_epi[(None, None, 0, 0, 0)])
                 thr_t2r = t2r.get_slice(tidx)
@@ -895,6 +920,8 @@ def _check_inputs(a, w, row_offsets, counts, name_w: str) -> None:
                         f"{tuple(getattr(counts, 'shape', ()))}")
     if not (a.is_contiguous() and w.is_contiguous()):
         raise ValueError("a, w: expected contiguous (K-major) tensors")
+    if a.data_ptr() % 16 or w.data_ptr() % 16:
+        raise ValueError("a, w: expected 16-byte aligned data (TMA)")
     if not a.is_cuda:
         raise ValueError("a: the sm100 kernels need CUDA tensors")
     major, minor = torch.cuda.get_device_capability(a.device)
@@ -934,8 +961,9 @@ def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: 
     config = config or default_config(problem, WorkUnit.PAIR, DEFAULT_PAIR_THRESHOLD)
     if out is None:
         out = torch.empty(a.shape[0], two_i // 2, dtype=a.dtype, device=a.device)
-    elif out.shape != (a.shape[0], two_i // 2) or out.dtype != a.dtype or not out.is_contiguous():
-        raise TypeError(f"out: expected contiguous [{a.shape[0]}, {two_i // 2}] {a.dtype}, got {tuple(out.shape)} {out.dtype}")
+    elif (out.shape != (a.shape[0], two_i // 2) or out.dtype != a.dtype or not out.is_contiguous()
+          or out.data_ptr() % 16):
+        raise TypeError(f"out: expected contiguous 16-byte aligned [{a.shape[0]}, {two_i // 2}] {a.dtype}, got {tuple(out.shape)} {out.dtype}")
     bias = None
     if b13 is not None:
         if b13.shape != (num_experts, two_i):
@@ -955,8 +983,9 @@ def sm100_grouped_gemm2(a: torch.Tensor, w2: torch.Tensor, row_offsets: torch.Te
     config = config or default_config(problem, WorkUnit.PAIR, DEFAULT_PAIR_THRESHOLD)
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
-    elif out.shape != (a.shape[0], hidden) or out.dtype != a.dtype or not out.is_contiguous():
-        raise TypeError(f"out: expected contiguous [{a.shape[0]}, {hidden}] {a.dtype}, got {tuple(out.shape)} {out.dtype}")
+    elif (out.shape != (a.shape[0], hidden) or out.dtype != a.dtype or not out.is_contiguous()
+          or out.data_ptr() % 16):
+        raise TypeError(f"out: expected contiguous 16-byte aligned [{a.shape[0]}, {hidden}] {a.dtype}, got {tuple(out.shape)} {out.dtype}")
     bias = None
     if b2 is not None:
         if b2.shape != (num_experts, hidden):

@@ -46,6 +46,7 @@ GATE_UP_CHUNK = 8  # must match cute_backend.GATE_UP_CHUNK (the wgmma C layout's
 EPILOGUE_SMEM_STAGES = 2
 EPILOGUE_TILE_N = 32
 BARRIER_RESERVE_BYTES = 1024
+METADATA_RESERVE_BYTES = 8 * 257  # SMEM copies of row_offsets and counts, up to 256 experts
 
 
 class Scheduler(enum.Enum):
@@ -68,7 +69,7 @@ class Sm90GemmConfig:
     """Static choices of one sm90 grouped GEMM kernel (the token count is never one of them)."""
 
     tile_m: int = 128  # rows per CTA: 64 (one consumer warpgroup) or 128 (two)
-    tile_n: int = 128  # weight rows per CTA tile (GEMM1: gate+up interleaved, output tile_n / 2)
+    tile_n: int = 256  # weight rows per CTA tile (GEMM1: gate+up interleaved, output tile_n / 2)
     tile_k: int = 64
     stages: int = 0  # 0: as many as the SMEM budget allows (at most 8)
     work_unit: WorkUnit = WorkUnit.PAIR  # PAIR: (2,1,1) clusters, B multicast for experts >= threshold
@@ -120,7 +121,8 @@ def smem_bytes(config: Sm90GemmConfig, stages: int) -> int:
 
 def _reserved_bytes(config: Sm90GemmConfig) -> int:
     epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES
-    return epi + BARRIER_RESERVE_BYTES + 3 * 1024  # + alignment padding of the three 1 KiB-aligned buffers
+    # + alignment padding of the three 1 KiB-aligned buffers
+    return epi + BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES + 3 * 1024
 
 
 def resolve_stages(config: Sm90GemmConfig) -> int:
@@ -164,6 +166,8 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         return False, f"k: {problem.k} must be a multiple of 8 (16-byte TMA rows)"
     if config.work_unit is WorkUnit.PAIR and config.scheduler is Scheduler.DYNAMIC:
         return False, "scheduler: DYNAMIC is implemented for SINGLE work units (cluster 1) only"
+    if problem.num_experts > 256:
+        return False, f"num_experts: at most 256 (SMEM metadata copy), got {problem.num_experts}"
     if config.pair_threshold < 0:
         return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
     stages = resolve_stages(config)
@@ -174,11 +178,16 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     return True, ""
 
 
-def default_config(problem: Sm90Problem, tokens_per_expert: float | None = None) -> Sm90GemmConfig:
-    """Analytic default: decode-sized experts get 64-row tiles; wide N tiles where N allows."""
-    tile_m = 64 if tokens_per_expert is not None and tokens_per_expert <= 64 else 128
-    for tile_n in (128, 192, 256, 64):
-        cfg = Sm90GemmConfig(tile_m=tile_m, tile_n=tile_n, work_unit=WorkUnit.PAIR if tile_m == 128 else WorkUnit.SINGLE)
+def default_config(problem: Sm90Problem, scheduler: Scheduler = Scheduler.STATIC) -> Sm90GemmConfig:
+    """Analytic default (docs/perf-notes-sm90.md): 128-row tiles, the widest N tile that divides N.
+
+    Measured on H200 (qwen3-30b-a3b shapes): 128x256 beats 128x128 at every token count (more weight bytes
+    per unit, half the A re-reads); 64-row tiles (one consumer warpgroup) lose even at decode sizes.
+    STATIC uses PAIR units (B multicast); DYNAMIC needs SINGLE units.
+    """
+    unit = WorkUnit.PAIR if scheduler is Scheduler.STATIC else WorkUnit.SINGLE
+    for tile_n in (256, 192, 128, 64):
+        cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=unit, scheduler=scheduler)
         if can_implement(cfg, problem)[0]:
             return cfg
     raise ValueError(f"problem: no sm90 configuration fits {problem}")
@@ -274,8 +283,15 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
 
 
 # ---------------------------------------------------------------------------------------------- host API
-_CACHE = KernelCache(prefer="bundle")
+_CACHES: dict = {}  # bundle directory (None: kernel_dir() at call time) -> KernelCache
 _SCRATCH: dict = {}
+
+
+def _cache_for(directory) -> KernelCache:
+    key = None if directory is None else str(directory)
+    if key not in _CACHES:
+        _CACHES[key] = KernelCache(directory, prefer="bundle")
+    return _CACHES[key]
 
 
 def _scratch(device: torch.device):
@@ -313,8 +329,7 @@ def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, direc
     if not ok:
         raise ValueError(f"config: {why}")
     key = kernel_key(config, problem)
-    cache = _CACHE if directory is None else KernelCache(directory, prefer="bundle")
-    kernel = cache.get(key, lambda: compile_kernel(config, problem))
+    kernel = _cache_for(directory).get(key, lambda: compile_kernel(config, problem))
     workspace, dummy_bias, dummy_scale = _scratch(a.device)
     kernel(
         a,
@@ -389,7 +404,7 @@ def sm90_grouped_gemm2(
 
 # ---------------------------------------------------------------------------------------------- presets
 def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
-    """The kernels a model preset needs: GEMM1 and GEMM2, prefill (128-row pairs) and decode (64-row) tiles."""
+    """The kernels a model preset needs: GEMM1 and GEMM2, each with the STATIC/PAIR default and DYNAMIC/SINGLE."""
     dtype = torch.bfloat16
     gemm1 = Sm90Problem(GemmKind.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, dtype,
                         preset.activation, preset.has_bias)
@@ -397,8 +412,8 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
                         None, preset.has_bias, True)
     out = []
     for problem in (gemm1, gemm2):
-        for tokens in (None, 16):
-            cfg = default_config(problem, tokens)
+        for scheduler in (Scheduler.STATIC, Scheduler.DYNAMIC):
+            cfg = default_config(problem, scheduler)
             if (cfg, problem) not in out:
                 out.append((cfg, problem))
     return out

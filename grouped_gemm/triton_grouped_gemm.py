@@ -105,7 +105,11 @@ class TritonGemmConfig:
     def smem_bytes(self, problem: GroupedGemmProblem) -> int:
         elem = torch.finfo(problem.dtype).bits // 8
         per_stage = (self.block_m * self.block_k + problem.weight_blocks * self.block_n * self.block_k) * elem
-        return self.num_stages * per_stage  # Triton 3.x allocates num_stages buffers of A and B
+        # Triton 3.x on sm_90: the wgmma path (block_m >= 64) keeps num_stages buffers of A and B, the
+        # mma.sync path (block_m 16) num_stages - 1 (one stage lives in registers). Checked on compiled
+        # kernels; other versions or GPUs may differ slightly (Triton then refuses to launch).
+        buffers = self.num_stages if self.block_m >= 64 else max(1, self.num_stages - 1)
+        return buffers * per_stage
 
     def acc_regs_per_thread(self, problem: GroupedGemmProblem) -> int:
         return problem.weight_blocks * self.block_m * self.block_n // (self.num_warps * 32)
@@ -157,35 +161,43 @@ def _nearest_height(wanted: int, heights: tuple[int, ...]) -> int:
 def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
     """Analytic choice by rows-per-active-expert bucket (decode / small / prefill), never by exact M.
 
-    Decode (<= 16 rows per active expert) is bound by streaming the active experts' weights: block_m 16,
-    a long block_k, and the widest block_n that still gives every SM a tile. Prefill is bound by the tensor
-    cores: 128-row tiles, 128-wide N (GEMM1 holds two accumulators, so 128 x 256 of output work).
+    Tuned on an H200 (docs/perf-notes-triton.md, qwen3-30b-a3b and mixtral-8x7b, T = 1..4096):
+    - decode (<= 16 rows per active expert) streams the active experts' weights: block_m 16, block_k 256,
+      and the widest block_n <= 64 that still gives ~every SM a tile (fewer, wider tiles leave SMs idle;
+      more, narrower ones add per-tile latency).
+    - small (<= 64 rows): 64 x 128 x 64 tiles.
+    - prefill: 128-row tiles; GEMM1 128 x 128 (two accumulators: 128 x 256 of gate/up work per tile),
+      GEMM2 128 x 256.
+    programs_per_sm is what the shared memory lets reside (at most 2).
     """
     active = max(1.0, _expected_active_experts(problem.routed_rows, problem.num_experts))
     rows_per_active = problem.routed_rows / active
     if rows_per_active <= 16:
         block_m = _nearest_height(16, problem.tile_heights)
         m_tiles = active * max(1, math.ceil(rows_per_active / block_m))
-        block_n = 32
-        for candidate in (128, 64, 32):
-            if m_tiles * math.ceil(problem.n / candidate) >= problem.num_sms:
+        block_n = 16
+        for candidate in (64, 32):
+            if m_tiles * math.ceil(problem.n / candidate) >= 0.9 * problem.num_sms:
                 block_n = candidate
                 break
-        block_k = 256 if problem.k >= 1024 else 128
-        config = TritonGemmConfig(block_m, block_n, block_k, num_warps=4, num_stages=4, group_m=1,
-                                  programs_per_sm=2)
+        block_k = 256 if problem.k >= 512 else 128
+        config = TritonGemmConfig(block_m, block_n, block_k, num_warps=4, num_stages=3, group_m=1)
     elif rows_per_active <= 64:
         block_m = _nearest_height(64, problem.tile_heights)
-        config = TritonGemmConfig(block_m, 64, 128, num_warps=4, num_stages=4, group_m=4, programs_per_sm=2)
+        config = TritonGemmConfig(block_m, 128, 64, num_warps=4, num_stages=3, group_m=8)
     else:
         block_m = _nearest_height(128, problem.tile_heights)
-        config = TritonGemmConfig(block_m, 128, 64, num_warps=8, num_stages=4, group_m=8, programs_per_sm=1)
+        if problem.stage is GemmStage.GEMM1:
+            config = TritonGemmConfig(block_m, 128, 64, num_warps=8, num_stages=4, group_m=8)
+        else:
+            config = TritonGemmConfig(block_m, 256, 64, num_warps=8, num_stages=3, group_m=8)
     # Shrink stages (then block_k) until it fits the device's shared memory.
     while not can_implement(config, problem)[0] and config.num_stages > 2:
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)
     while not can_implement(config, problem)[0] and config.block_k > 32:
         config = dataclasses.replace(config, block_k=config.block_k // 2)
-    return config
+    resident = max(1, min(2, problem.smem_per_block // max(1, config.smem_bytes(problem))))
+    return dataclasses.replace(config, programs_per_sm=resident)
 
 
 # ----------------------------------------------------------------------------------------------------------

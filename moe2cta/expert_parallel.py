@@ -5,9 +5,9 @@ Arrangement (data-parallel tokens, expert-parallel weights). Every rank holds it
 `w2_local [E_local, H, I]`). One forward, per rank:
 
     route (own tokens)            topk_ids [T, k] global ids, topk_weights [T, k] fp32
-    send layout                   dest = owner(topk_ids); the router's dispatch over "experts" = ranks
-                                  (align 1) gives the send order: slots grouped by destination rank,
-                                  slot order inside each group
+    send layout                   dest = owner(topk_ids); a Dispatch whose "experts" are the ranks
+                                  (send_layout_for): slots grouped by destination rank, slot order inside
+                                  each group; the router's gather writes the send buffer from it
     all-to-all #1                 token rows + their local expert ids -> owner ranks
     owner: dispatch/gather        the received rows are tokens with top_k = 1 over the local experts
     owner: grouped GEMM1, GEMM2   unweighted expert outputs y
@@ -21,15 +21,17 @@ and each owner sees the same rows per expert, in the same order, as one device h
 order would.
 
 Transport: torch.distributed.all_to_all_single (NCCL on GPUs, gloo on CPU). Two modes (A2AMode):
-- EXACT_SPLITS: the per-destination row counts are exchanged on the device (one all-to-all of W int32),
+- EXACT_SPLITS: the per-destination row counts are exchanged on the device (one all-to-all of W integers),
   then copied to the host once, because all_to_all_single takes its uneven split sizes as Python lists.
   That copy is the one host sync per step. Buffers hold exactly the routed rows; nothing is ever dropped.
 - PADDED_CAPACITY: each destination gets a fixed block of C rows (C = capacity_per_peer, default T*k,
   which can never overflow); empty rows carry local id -1. Equal splits need no host sync, so with
   sync-free stages (router and grouped GEMM kernels) the step is CUDA-graph capturable. Cost: W*C rows
   move each way instead of the routed ones (W times more at the default C), and with C < T*k the slots
-  beyond C for one destination (in slot order) are dropped: they contribute zero, like an unmapped expert.
-  Every rank must use the same C (with the default, the same T).
+  beyond C for one destination (in slot order) are dropped: they contribute zero, like an unmapped expert
+  (EPDispatched.num_dropped counts them on the device; capacity_per_peer_for sizes C from a capacity
+  factor). Every rank must use the same C (with the default, the same T). This module's own steps (send
+  layout, id lookup, both exchanges) never read device memory on the host in this mode.
 
 Stages: `RankStages` names the callables used on each rank (route, dispatch, gather, combine, grouped
 experts). The defaults are the torch twins, which run anywhere but do host syncs of their own on CUDA
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Callable, NamedTuple
 
 import torch
@@ -51,7 +54,6 @@ from .grouped_gemm import Activation, grouped_gemm1_reference, grouped_gemm2_ref
 from .reference import RouterWeightOn
 from .router import RoutingConfig
 from .router.reference import (
-    DEFAULT_TILE_HEIGHTS,
     Dispatch,
     combine_reference,
     dispatch_reference,
@@ -63,11 +65,13 @@ __all__ = [
     "ExpertPlacement",
     "A2AMode",
     "ExpertParallelConfig",
+    "capacity_per_peer_for",
     "expert_owner_and_local_id",
     "expert_map_for",
     "local_expert_ids",
     "shard_experts",
     "torch_grouped_experts",
+    "send_layout_for",
     "RankStages",
     "TORCH_STAGES",
     "EPDispatched",
@@ -162,6 +166,17 @@ class ExpertParallelConfig:
     def for_rank(self, rank: int) -> "ExpertParallelConfig":
         """The same group seen from another rank."""
         return dataclasses.replace(self, rank=rank)
+
+
+def capacity_per_peer_for(num_tokens: int, top_k: int, world_size: int, capacity_factor: float = 1.0) -> int:
+    """PADDED_CAPACITY rows per peer for a capacity factor: ceil(factor * T*k / W), within [1, T*k].
+
+    factor 1.0 fits a perfectly balanced routing; factor >= W (or capacity None) never drops.
+    """
+    if not capacity_factor > 0:
+        raise ValueError(f"capacity_factor: expected > 0, got {capacity_factor!r}")
+    slots = num_tokens * top_k
+    return max(1, min(slots, math.ceil(capacity_factor * slots / world_size)))
 
 
 def expert_owner_and_local_id(
@@ -296,40 +311,49 @@ def _check_group(ep_config: ExpertParallelConfig, group) -> None:
         )
 
 
-def _capacity_layout(rank_disp: Dispatch, dest: torch.Tensor, world_size: int, capacity: int) -> Dispatch:
-    """Send layout with a fixed block of `capacity` rows per destination; slots past it are dropped (-1).
+def send_layout_for(dest: torch.Tensor, world_size: int, capacity: int | None = None) -> Dispatch:
+    """dest [T, k] owner rank of each slot -> the send layout, a Dispatch whose "experts" are the ranks.
 
-    rank_disp is the exact (align 1) dispatch over ranks: a slot's position inside its destination group
-    is its compact row minus the group's first row.
+    capacity None (EXACT_SPLITS): compact, align 1: rank d's rows are token_offsets[d] ..
+    token_offsets[d+1], in slot order; max_rows = T*k. capacity C (PADDED_CAPACITY): rank d's rows start
+    at d*C; slots past the C-th one for a rank (in slot order) get slot_rows -1 and are dropped;
+    max_rows = W*C. gather / combine read it like any Dispatch (sorted_slots, slot_rows); tile_offsets is
+    empty (no GEMM runs over this layout). Sync-free: one-hot prefix sums, no sort, no bincount.
     """
     device = dest.device
-    dest = dest.reshape(-1).long()
-    num_slots = dest.numel()
-    position = rank_disp.slot_rows.long() - rank_disp.token_offsets.long()[dest]
-    keep = position <= capacity
-    rows = torch.where(keep, dest * capacity + position, torch.full_like(position, -1))
-    total = world_size * capacity
+    flat = dest.reshape(-1).long()
+    num_slots = flat.numel()
+    onehot = (flat.unsqueeze(1) == torch.arange(world_size, device=device)).long()  # [S, W]
+    position = torch.cumsum(onehot, 0).gather(1, flat.clamp(0, world_size - 1).unsqueeze(1)).squeeze(1) - 1
+    counts = onehot.sum(0)
+    if capacity is None:
+        total, align = num_slots, 1
+        token_offsets = torch.zeros(world_size + 1, dtype=torch.long, device=device)
+        token_offsets[1:] = torch.cumsum(counts, 0)
+        row_offsets = token_offsets
+        rows = token_offsets[flat] + position
+        keep = torch.ones_like(rows, dtype=torch.bool)
+    else:
+        total, align = world_size * capacity, capacity
+        counts = counts.clamp(max=capacity)
+        token_offsets = torch.zeros(world_size + 1, dtype=torch.long, device=device)
+        token_offsets[1:] = torch.cumsum(counts, 0)
+        row_offsets = torch.arange(world_size + 1, device=device) * capacity
+        keep = position < capacity
+        rows = torch.where(keep, flat * capacity + position, torch.full_like(position, -1))
     sorted_slots = torch.full((total + 1,), -1, dtype=torch.long, device=device)
-    trash = torch.where(keep, rows, torch.full_like(rows, total))  # dropped slots write one spare row
-    sorted_slots.index_put_((trash,), torch.arange(num_slots, device=device))
-    sorted_slots = sorted_slots[:total]
-    counts = rank_disp.counts.long().clamp(max=capacity)
-    token_offsets = torch.zeros(world_size + 1, dtype=torch.long, device=device)
-    token_offsets[1:] = torch.cumsum(counts, 0)
-    row_offsets = torch.arange(world_size + 1, device=device) * capacity
-    tile_offsets = torch.zeros(len(rank_disp.tile_heights), world_size + 1, dtype=torch.long, device=device)
-    for i, h in enumerate(rank_disp.tile_heights):
-        tile_offsets[i, 1:] = torch.cumsum((counts + h - 1) // h, 0)
+    target = torch.where(keep, rows, torch.full_like(rows, total))  # dropped slots write one spare row
+    sorted_slots.index_put_((target,), torch.arange(num_slots, device=device))
     i32 = torch.int32
     return Dispatch(
         counts.to(i32),
         token_offsets.to(i32),
         row_offsets.to(i32),
-        tile_offsets.to(i32),
-        sorted_slots.to(i32),
+        torch.zeros(0, world_size + 1, dtype=i32, device=device),
+        sorted_slots[:total].to(i32),
         rows.to(i32),
-        capacity,
-        rank_disp.tile_heights,
+        align,
+        (),
     )
 
 
@@ -350,39 +374,32 @@ def ep_dispatch(
     owner, local = expert_owner_and_local_id(
         topk_ids, world, ep_config.num_global_experts, ep_config.placement
     )
-    rank_disp = stages.dispatch(owner.to(torch.int32), world, align=1, tile_heights=DEFAULT_TILE_HEIGHTS)
     local_of_slot = local.reshape(-1).to(torch.int32)
     scale = topk_weights if router_weight_on is RouterWeightOn.INPUT else None
     combine_weights = topk_weights if router_weight_on is RouterWeightOn.OUTPUT else None
-
-    if ep_config.a2a_mode is A2AMode.EXACT_SPLITS:
-        send_layout = rank_disp
-        send_rows = stages.gather(hidden, send_layout, top_k, scale=scale)  # [T*k, H], no padding at align 1
-        send_ids = local_of_slot[send_layout.sorted_slots.long()]
+    exact = ep_config.a2a_mode is A2AMode.EXACT_SPLITS
+    capacity = None if exact else (ep_config.capacity_per_peer or num_tokens * top_k)
+    send_layout = send_layout_for(owner, world, capacity)
+    send_rows = stages.gather(hidden, send_layout, top_k, scale=scale)  # [T*k or W*C, H]
+    slots = send_layout.sorted_slots.long()
+    # Empty (padded) rows read a trailing -1 entry: the lookup works even with no tokens at all.
+    lookup = torch.cat([local_of_slot, torch.full((1,), -1, dtype=torch.int32, device=device)])
+    send_ids = lookup[torch.where(slots >= 0, slots, torch.full_like(slots, local_of_slot.numel()))]
+    if exact:
         send_counts = send_layout.counts.to(torch.int64)
         recv_counts = torch.empty_like(send_counts)
-        _all_to_all(recv_counts, send_counts, None, None, group, world)  # counts stay on the device
-        send_splits, recv_splits = torch.stack([send_counts, recv_counts]).tolist()  # THE host sync
+        _all_to_all(recv_counts, send_counts, None, None, group, world)  # counts exchanged on the device
+        send_splits, recv_splits = torch.stack([send_counts, recv_counts]).tolist()  # THE host sync of the step
         num_recv = sum(recv_splits)
         recv_rows = torch.empty(num_recv, hidden.shape[1], dtype=hidden.dtype, device=device)
         recv_ids = torch.empty(num_recv, dtype=torch.int32, device=device)
-        _all_to_all(recv_rows, send_rows, recv_splits, send_splits, group, world)
-        _all_to_all(recv_ids, send_ids, recv_splits, send_splits, group, world)
-        num_dropped = torch.zeros((), dtype=torch.int64, device=device)
     else:
-        capacity = ep_config.capacity_per_peer or num_tokens * top_k
-        send_layout = _capacity_layout(rank_disp, owner, world, capacity)
-        send_rows = stages.gather(hidden, send_layout, top_k, scale=scale)  # [W*C, H]
-        slots = send_layout.sorted_slots.long()
-        # Empty rows read a trailing -1 entry: the lookup works even with no tokens at all.
-        lookup = torch.cat([local_of_slot, torch.full((1,), -1, dtype=torch.int32, device=device)])
-        send_ids = lookup[torch.where(slots >= 0, slots, torch.full_like(slots, local_of_slot.numel()))]
+        send_splits = recv_splits = None  # equal blocks of C rows: no split lists, no host sync
         recv_rows = torch.empty_like(send_rows)
         recv_ids = torch.empty_like(send_ids)
-        _all_to_all(recv_rows, send_rows, None, None, group, world)
-        _all_to_all(recv_ids, send_ids, None, None, group, world)
-        send_splits = recv_splits = None
-        num_dropped = (send_layout.slot_rows < 0).sum()
+    _all_to_all(recv_rows, send_rows, recv_splits, send_splits, group, world)
+    _all_to_all(recv_ids, send_ids, recv_splits, send_splits, group, world)
+    num_dropped = (send_layout.slot_rows < 0).sum()
     return EPDispatched(
         recv_rows, recv_ids, send_layout, combine_weights, num_tokens, top_k, send_splits, recv_splits, num_dropped
     )
@@ -401,7 +418,8 @@ def ep_expert_compute(
 ) -> torch.Tensor:
     """Owner side: the received rows are tokens with top_k = 1 over the local experts -> y [N_recv, H].
 
-    Empty rows (local id -1) come out as zeros. Unweighted: the source applies the router weights.
+    Empty rows (local id -1) are off-rank slots for the dispatch (docs/design.md) and come out as zeros.
+    Unweighted: the source applies the router weights.
     """
     rows, ids = dispatched.recv_rows, dispatched.recv_local_ids
     num_local = w13_local.shape[0]

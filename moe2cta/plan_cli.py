@@ -6,7 +6,8 @@
     moe2cta plan --model qwen3-30b-a3b --buckets [MAX_ROWS]   (one configuration per tokens-per-expert bucket)
 
 With --tile the candidate's budget is printed even when the search would not pick it (and the limit it
-breaks, if any). --counts gives the routed rows per expert instead of the balanced assumption.
+breaks, if any). Rows per expert: --counts, else --routing uniform (expected experts hit under uniform
+random top-k, rows spread evenly over them; the default) or balanced (spread over all experts).
 No GPU is needed; without --arch the local GPU's arch is used when there is one, else sm_90a.
 """
 from __future__ import annotations
@@ -74,15 +75,11 @@ def format_budget(ev: planner.Evaluation, problem: planner.GemmProblem) -> str:
     return "\n".join(lines)
 
 
-RANK_TERMS = ("predicted time", "waves", "busy SMs", "L2 bytes", "coverage", "accumulator slots", "stages", "SMEM",
-               "single before pair")
-
-
 def _why_slower(ev: planner.Evaluation, best: planner.Evaluation) -> str:
     """Name the first rank-key term where `ev` loses to `best`, with the model's reason for a slower time."""
     pr, bp = ev.prediction, best.prediction
-    ka, kb = planner._rank_key(ev), planner._rank_key(best)
-    term = next((name for name, x, y in zip(RANK_TERMS, ka, kb) if x != y), "identical")
+    ka, kb = planner.rank_key(ev), planner.rank_key(best)
+    term = next((name for name, x, y in zip(planner.RANK_TERMS, ka, kb) if x != y), "identical")
     if term != "predicted time":
         return f"same time; tie broken by {term}"
     if ev.budget.coverage < best.budget.coverage - 1e-9:
@@ -96,6 +93,13 @@ def _why_slower(ev: planner.Evaluation, best: planner.Evaluation) -> str:
     if pr.depth_bytes_per_s < bp.depth_bytes_per_s:
         return f"shallower pipeline ({pr.depth_bytes_per_s / 1e9:.0f} vs {bp.depth_bytes_per_s / 1e9:.0f} GB/s per SM)"
     return f"{pr.bound}-bound: SM {pr.sm_seconds * 1e6:.1f} / HBM {pr.hbm_seconds * 1e6:.1f} / L2 {pr.l2_seconds * 1e6:.1f} us"
+
+
+def _distance(c: planner.Candidate, anchor: planner.Candidate | None) -> tuple:
+    if anchor is None:
+        return ()
+    return (c.unit is not anchor.unit, c.block_m != anchor.block_m, c.block_n != anchor.block_n,
+            c.block_k != anchor.block_k, abs(c.stages - anchor.stages), c.accumulator_slots != anchor.accumulator_slots)
 
 
 def format_search(result: planner.SearchResult, top: int = 5) -> str:
@@ -114,9 +118,11 @@ def format_search(result: planner.SearchResult, top: int = 5) -> str:
             lines.append(f"  {ev.candidate.label():34s} {pr.seconds * 1e6:8.1f} us  x{pr.seconds / best.prediction.seconds:.2f}"
                          f"  {pr.bound:3s}  {_why_slower(ev, best)}")
     groups = result.rejected_by_reason()
-    lines.append(f"rejected: {len(result.rejected)}")
+    lines.append(f"rejected: {len(result.rejected)} (count by limit; example: the one closest to the choice)")
+    anchor = result.chosen.candidate if result.ranked else None
     for kind, evs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        lines.append(f"  {kind:14s} {len(evs):4d}  e.g. {evs[0].candidate.label()}: {evs[0].reason}")
+        example = min(evs, key=lambda ev: _distance(ev.candidate, anchor))
+        lines.append(f"  {kind:14s} {len(evs):4d}  e.g. {example.candidate.label()}: {example.reason}")
     return "\n".join(lines)
 
 
@@ -152,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--gemm", type=_gemm, metavar="M,N,K", help="one dense problem")
     p.add_argument("--tokens", type=int, help="tokens in the batch (with --model)")
     p.add_argument("--counts", type=_counts, metavar="C0,C1,...", help="rows per expert (with --model)")
+    p.add_argument("--routing", choices=[r.value for r in planner.RoutingAssumption], default="uniform",
+                   help="rows per expert when --counts is not given (default uniform)")
     p.add_argument("--arch", choices=[a.value for a in Arch], help="target (default: local GPU, else sm_90a)")
     p.add_argument("--tile", type=_tile, metavar="BMxBNxBK", help="explicit candidate (BM: rows of the whole work unit)")
     p.add_argument("--stages", type=int, help="pipeline stages of the explicit candidate (default 3)")
@@ -192,7 +200,8 @@ def _problems(args, parser):
         header = {"model": preset.name, "tokens": args.tokens, "hidden": preset.hidden,
                   "intermediate": preset.intermediate, "num_experts": preset.num_experts, "top_k": preset.top_k,
                   "activation": preset.activation.value}
-        return planner.moe_problems(preset, args.tokens, args.counts), header
+        assumption = planner.RoutingAssumption(args.routing)
+        return planner.moe_problems(preset, args.tokens, args.counts, assumption), header
     if args.counts is not None or args.tokens is not None:
         parser.error("--counts and --tokens go with --model; --gemm is one dense matrix")
     m, n, k = args.gemm

@@ -7,14 +7,16 @@ and no recompile per batch size (moe2cta/tuning.py can replace the ranking by me
 
 Problem. One grouped GEMM over experts: expert e has m_e rows (tokens routed to it), N output columns of
 the accumulator (GEMM1: 2I, gate and up; the fused activation halves it to I on output; GEMM2: H) and
-depth K (GEMM1: H, GEMM2: I). Routing assumption, stated on every plan: either a given counts vector, or
-"balanced": the T*k rows spread as evenly as possible over min(E, T*k) experts (the expected counts of
-uniform routing, rounded to whole rows).
+depth K (GEMM1: H, GEMM2: I). Routing assumption, stated on every plan (RoutingAssumption): a given counts
+vector; UNIFORM (default): uniform random top-k routing in expectation: E * (1 - (1 - k/E)^T) experts hit
+(rounded), the T*k rows spread as evenly as possible over them; or BALANCED: the T*k rows spread evenly over
+all E experts (min(E, T*k) hit).
 
 Candidate. arch (sm_90a | sm_100a), work unit (PAIR: two CTAs of a (2,1,1) cluster on one tile of
 block_m = 2 x rows_per_cta rows; SINGLE: one CTA on block_m rows), block_n, block_k, stages, accumulator
 slots, epilogue sub-tile, and for PAIR a pair_threshold: experts with fewer rows run single-CTA tiles of
-rows_per_cta rows (0: every expert runs pairs).
+rows_per_cta rows (0: every expert runs pairs). The search offers rows_per_cta + 1 (experts that need more
+than one CTA tile pair up), and 0 where that differs or (sm_100) saves the second launch.
 
 Accounting per CTA (all from grouped_gemm/budget.py):
   input stage    = A rows_per_cta x BK + B (sm_100 PAIR: BN/2 columns, 2-CTA MMA; otherwise BN) x BK, x 2 B.
@@ -87,6 +89,8 @@ __all__ = [
     "Evaluation",
     "SearchResult",
     "MoePlan",
+    "RoutingAssumption",
+    "expected_experts_hit",
     "balanced_counts",
     "moe_problems",
     "dense_problem",
@@ -100,6 +104,8 @@ __all__ = [
     "search",
     "plan_moe",
     "search_to_dict",
+    "RANK_TERMS",
+    "rank_key",
     "best_per_shape",
     "KiB",
 ]
@@ -220,6 +226,21 @@ class GemmProblem:
         return self.n // 2 if self.kind is GemmKind.GEMM1 else self.n
 
 
+class RoutingAssumption(enum.Enum):
+    """How the planner turns a token count into rows per expert when no counts are given."""
+
+    UNIFORM = "uniform"  # uniform random top-k: the expected number of experts hit, rows spread evenly over them
+    BALANCED = "balanced"  # rows spread evenly over all experts
+
+
+def expected_experts_hit(tokens: int, top_k: int, num_experts: int) -> int:
+    """E * (1 - (1 - k/E)^T) rounded, at least 1 when tokens > 0, at most min(E, T*k)."""
+    if tokens <= 0:
+        return 0
+    hit = round(num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens))
+    return max(1, min(num_experts, tokens * top_k, hit))
+
+
 def balanced_counts(total_rows: int, num_experts: int) -> tuple[int, ...]:
     """total_rows spread as evenly as possible: the first total % E experts get one row more."""
     if total_rows < 0:
@@ -229,14 +250,22 @@ def balanced_counts(total_rows: int, num_experts: int) -> tuple[int, ...]:
     return tuple(base + (1 if e < extra else 0) for e in range(num_experts))
 
 
-def moe_problems(preset, tokens: int, counts: Sequence[int] | None = None) -> tuple[GemmProblem, GemmProblem]:
+def moe_problems(preset, tokens: int, counts: Sequence[int] | None = None,
+                 routing_assumption: RoutingAssumption = RoutingAssumption.UNIFORM) -> tuple[GemmProblem, GemmProblem]:
     """GEMM1 (N=2I, K=H) and GEMM2 (N=H, K=I) of one MoE forward of `tokens` tokens."""
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise ValueError(f"tokens: expected an int >= 0, got {tokens!r}")
-    rows = tokens * preset.top_k
-    if counts is None:
-        counts = balanced_counts(rows, preset.num_experts)
-        routing = f"balanced: {rows} rows (T={tokens} x k={preset.top_k}) spread evenly over {preset.num_experts} experts"
+    if not isinstance(routing_assumption, RoutingAssumption):
+        raise TypeError(f"routing_assumption: expected a RoutingAssumption, got {routing_assumption!r}")
+    rows, e = tokens * preset.top_k, preset.num_experts
+    if counts is None and routing_assumption is RoutingAssumption.BALANCED:
+        counts = balanced_counts(rows, e)
+        routing = f"balanced: {rows} rows (T={tokens} x k={preset.top_k}) spread evenly over {e} experts"
+    elif counts is None:
+        hit = expected_experts_hit(tokens, preset.top_k, e)
+        counts = balanced_counts(rows, hit) + (0,) * (e - hit) if hit else (0,) * e
+        routing = (f"uniform random top-{preset.top_k} (expected): {rows} rows (T={tokens}) spread evenly over "
+                   f"{hit} of {e} experts hit")
     else:
         counts = tuple(int(c) for c in counts)
         if len(counts) != preset.num_experts:
@@ -577,7 +606,7 @@ def predict(candidate: Candidate, problem: GemmProblem, budget: Budget, hardware
     l2_seconds = l2_bytes / hw.l2_bytes_per_s
     seconds = max(sm_seconds, hbm_seconds, l2_seconds)
     bound = "sm" if seconds == sm_seconds else ("hbm" if seconds == hbm_seconds else "l2")
-    launches = 2 if (c.arch is Arch.SM100 and c.mixed and b.single_units) else 1
+    launches = 2 if (c.arch is Arch.SM100 and c.mixed) else 1  # sm_100: a SINGLE launch for small experts
     seconds += hw.load_latency_s + launches * hw.launch_overhead_s
     useful = 2 * p.total_rows * p.n * p.k
     computed = 2 * b.computed_rows * b.n_tiles * c.block_n * p.k
@@ -740,11 +769,16 @@ def enumerate_candidates(arch: Arch | str, problem: GemmProblem) -> list[Candida
     slots_options = FAMILY_DEFAULTS[arch]["accumulator_slots"]
     out = []
     for unit, block_m in shapes:
-        thresholds = (0,) if unit is WorkUnit.SINGLE else (0, block_m)
+        if unit is WorkUnit.SINGLE:
+            thresholds = (0,)
+        else:
+            # pairs for experts that need more than one CTA tile, single tiles for the rest; on sm_90 that is
+            # free (same kernel), on sm_100 it is a second launch, so "every expert pairs" (0) competes there.
+            mixed = block_m // 2 + 1
+            small = any(0 < m < mixed for m in problem.counts)
+            thresholds = (mixed, 0) if (arch is Arch.SM100 or small) else (mixed,)
         for threshold in thresholds:
-            if threshold and all(m == 0 or m >= threshold for m in problem.counts):
-                continue  # every expert already fills a pair: same as threshold 0
-            if threshold and all(m < threshold for m in problem.counts):
+            if threshold and problem.total_rows and all(m < threshold for m in problem.counts):
                 continue  # no expert fills a pair: same as a SINGLE kernel
             for bn in BLOCK_NS:
                 for bk in BLOCK_KS:
@@ -785,7 +819,12 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":")[0]
 
 
-def _rank_key(ev: Evaluation):
+RANK_TERMS = ("predicted time", "waves", "busy SMs", "L2 bytes", "coverage", "accumulator slots", "stages", "SMEM",
+              "single before pair")  # the names of rank_key's terms, in order
+
+
+def rank_key(ev: Evaluation):
+    """Sort key of kept candidates: predicted time, then the tie-breaks named in RANK_TERMS."""
     b, c = ev.budget, ev.candidate
     busy_sms = min(b.cta_tiles, b.num_sms)
     return (ev.prediction.seconds, b.waves, -busy_sms, ev.prediction.l2_bytes, -b.coverage, -c.accumulator_slots,
@@ -823,7 +862,7 @@ def search(
                     f"feasible {best_cov:.1%} (computes {ev.budget.computed_rows} rows for {ev.budget.useful_rows})")))
             else:
                 kept.append(ev)
-    kept.sort(key=_rank_key)
+    kept.sort(key=rank_key)
     return SearchResult(problem, hw, tuple(kept), tuple(rejected), min_coverage_ratio)
 
 
@@ -845,10 +884,11 @@ class MoePlan:
 
 
 def plan_moe(preset, tokens: int, arch: Arch | str, *, counts: Sequence[int] | None = None,
+             routing_assumption: RoutingAssumption = RoutingAssumption.UNIFORM,
              hardware: Hardware | None = None, min_coverage_ratio: float = 0.8) -> MoePlan:
-    """Search both GEMMs of one MoE forward of `tokens` tokens (balanced routing unless counts given)."""
+    """Search both GEMMs of one MoE forward of `tokens` tokens (counts, else the routing assumption)."""
     arch = Arch.parse(arch)
-    g1, g2 = moe_problems(preset, tokens, counts)
+    g1, g2 = moe_problems(preset, tokens, counts, routing_assumption)
     r1 = search(g1, arch, hardware, min_coverage_ratio=min_coverage_ratio)
     r2 = search(g2, arch, hardware, min_coverage_ratio=min_coverage_ratio)
     return MoePlan(preset.name, tokens, arch, r1, r2)

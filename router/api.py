@@ -50,7 +50,7 @@ class RouterBackend(enum.Enum):
 
 
 class DispatchScheme(enum.Enum):
-    """How the TRITON dispatch runs (dispatch_triton.py): AUTO picks SINGLE_PROGRAM for T*k <= 4096."""
+    """How the TRITON dispatch runs (dispatch_triton.py): AUTO picks SINGLE_PROGRAM for T*k <= 1024."""
 
     AUTO = "auto"
     SINGLE_PROGRAM = "single_program"  # one launch, one program (decode sizes)
@@ -130,7 +130,7 @@ def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: 
     _check_route_args(logits, config, e_score_correction_bias)
     if _resolve(backend, logits) is RouterBackend.TORCH:
         return route_reference(logits, config, e_score_correction_bias)
-    from .routing_triton import route_kernel, route_launch_params
+    from .routing_triton import jit_functions, route_launch_params
 
     num_tokens, num_experts = logits.shape
     if logits.stride(1) != 1:
@@ -143,7 +143,7 @@ def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: 
     block_t, block_e, num_warps = route_launch_params(num_tokens, num_experts, _num_sms(logits.device))
     bias = e_score_correction_bias if e_score_correction_bias is not None else weights
     grid = (_cdiv(num_tokens, block_t),)
-    route_kernel[grid](
+    jit_functions().route_kernel[grid](
         logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
         BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps, **meta,
     )
@@ -202,10 +202,9 @@ def _dispatch_static_meta(num_experts, align, heights, expert_map):
 
 
 def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta, offset_meta, scheme, block_slots):
-    from .dispatch_triton import (
-        MULTI_BLOCK_SLOTS, SINGLE_MAX_SLOTS, block_histogram_kernel, dispatch_single_kernel, place_kernel,
-        scan_kernel,
-    )
+    from .dispatch_triton import SINGLE_MAX_SLOTS, jit_functions, multi_block_slots
+
+    kernels = jit_functions()
 
     counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows = bufs
     device = ids_flat.device
@@ -218,29 +217,29 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
             raise ValueError(f"scheme: SINGLE_PROGRAM takes T*k <= {SINGLE_MAX_SLOTS}, got {num_slots}")
         block_s = max(16, _next_pow2(num_slots))
         scratch = torch.empty(num_bins, dtype=torch.int32, device=device)
-        dispatch_single_kernel[(1,)](
+        kernels.dispatch_single_kernel[(1,)](
             ids_flat, emap, counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows, scratch,
-            num_slots, max_rows, BLOCK_S=block_s, FILL_BLOCK=2048, num_warps=8 if block_s >= 1024 else 4,
+            num_slots, max_rows, BLOCK_S=block_s, FILL_BLOCK=2048, num_warps=4,
             **base_meta, **offset_meta,
         )
         return
-    block_s = MULTI_BLOCK_SLOTS if block_slots is None else block_slots
+    block_s = multi_block_slots(num_slots) if block_slots is None else block_slots
     if block_s < 16 or block_s & (block_s - 1) or block_s > 4096:
         raise ValueError(f"block_slots: expected a power of two in [16, 4096], got {block_s}")
     num_blocks = max(1, _cdiv(num_slots, block_s))
     hist = torch.empty(num_blocks, num_bins, dtype=torch.int32, device=device)
     adj = torch.empty(num_blocks, num_bins, dtype=torch.int32, device=device)
     stripe = _cdiv(max_rows, num_blocks)
-    block_histogram_kernel[(num_blocks,)](
+    kernels.block_histogram_kernel[(num_blocks,)](
         ids_flat, emap, hist, sorted_slots, num_slots, max_rows, stripe, BLOCK_S=block_s, FILL_BLOCK=1024,
         num_warps=4, **base_meta,
     )
-    scan_kernel[(1,)](
+    kernels.scan_kernel[(1,)](
         hist, adj, counts, token_offsets, row_offsets, tile_offsets, num_blocks,
         NUM_EXPERTS=base_meta["NUM_EXPERTS"], NUM_BINS=num_bins, BLOCK_B=max(1, 4096 // num_bins),
         num_warps=8, **offset_meta,
     )
-    place_kernel[(num_blocks,)](
+    kernels.place_kernel[(num_blocks,)](
         ids_flat, emap, adj, sorted_slots, slot_rows, num_slots, BLOCK_S=block_s, num_warps=4, **base_meta,
     )
 
@@ -252,7 +251,8 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, align: int = 128,
     """topk_ids [T, k] (global expert ids) -> Dispatch over num_experts local experts (docs/design.md).
 
     Ids outside [0, num_experts) (or mapped to -1 by expert_map [E_global]) are off-rank: slot_rows -1.
-    scheme / block_slots: TRITON only (block_slots: slots per program of MULTI_BLOCK, default 2048).
+    scheme / block_slots: TRITON only (block_slots: slots per program of MULTI_BLOCK; default 256, 1024
+    past 32K slots).
     """
     heights = _check_dispatch_args(topk_ids, num_experts, align, tile_heights, expert_map)
     if _resolve(backend, topk_ids) is RouterBackend.TORCH:
@@ -287,7 +287,7 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
         disp = dispatch(ids, num_experts, align=align, tile_heights=tile_heights, expert_map=expert_map,
                         backend=resolved)
         return weights, ids, disp
-    from .dispatch_triton import route_dispatch_fused_kernel
+    from .dispatch_triton import jit_functions
     from .routing_triton import route_launch_params
 
     dummy_ids = torch.empty(1, config.top_k, dtype=torch.int32, device=logits.device)
@@ -311,7 +311,7 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
     emap = expert_map if expert_map is not None else ids
     num_slots = num_tokens * top_k
     route_meta = {("R_" + k if k in ("NUM_EXPERTS",) else k): v for k, v in meta.items()}
-    route_dispatch_fused_kernel[(1,)](
+    jit_functions().route_dispatch_fused_kernel[(1,)](
         logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
         emap, *bufs, scratch, num_slots, bufs[4].numel(),
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_S=max(16, _next_pow2(num_slots)), FILL_BLOCK=2048, num_warps=4,
@@ -350,7 +350,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
             return a1
         out[:max_rows].copy_(a1)
         return out
-    from .permute_triton import gather_kernel, permute_launch_params
+    from .permute_triton import jit_functions, permute_launch_params
 
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
@@ -363,7 +363,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     block_s = 4
     scale_arg = scale.contiguous() if scale is not None else disp.slot_rows
     grid = (_cdiv(num_slots, block_s), _cdiv(hidden_size, block_h))
-    gather_kernel[grid](
+    jit_functions().gather_kernel[grid](
         hidden, scale_arg, disp.slot_rows, out, num_slots, hidden_size, hidden.stride(0), out.stride(0),
         TOP_K=top_k, HAS_SCALE=scale is not None, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=num_warps,
     )
@@ -396,7 +396,7 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
             return res
         out.copy_(res)
         return out
-    from .permute_triton import combine_kernel, permute_launch_params
+    from .permute_triton import jit_functions, permute_launch_params
 
     if y.stride(1) != 1:
         y = y.contiguous()
@@ -408,7 +408,7 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
     block_t = 2
     w_arg = topk_weights.contiguous() if topk_weights is not None else disp.slot_rows
     grid = (_cdiv(num_tokens, block_t), _cdiv(hidden_size, block_h))
-    combine_kernel[grid](
+    jit_functions().combine_kernel[grid](
         y, w_arg, disp.slot_rows, out, num_tokens, hidden_size, y.stride(0), out.stride(0),
         TOP_K=top_k, HAS_WEIGHTS=topk_weights is not None, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps,
     )

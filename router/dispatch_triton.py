@@ -27,29 +27,29 @@ one launch.
 """
 from __future__ import annotations
 
-import triton
+import functools
+
 import triton.language as tl
 
-from .routing_triton import route_token_block
+from . import routing_triton
 
 __all__ = [
-    "route_dispatch_fused_kernel",
+    "jit_functions",
     "SINGLE_MAX_SLOTS",
-    "MULTI_BLOCK_SLOTS",
+    "multi_block_slots",
     "MAX_TILE_HEIGHTS",
-    "dispatch_single_program",
-    "dispatch_single_kernel",
-    "block_histogram_kernel",
-    "scan_kernel",
-    "place_kernel",
 ]
 
-SINGLE_MAX_SLOTS = 4096
-MULTI_BLOCK_SLOTS = 2048
+SINGLE_MAX_SLOTS = 1024  # one program sorts all slots: past this, spread the sorts over blocks
+
+
+def multi_block_slots(num_slots: int) -> int:
+    """Slots per program of the multi-block scheme: small blocks (short sorts, more programs) up to 32K
+    slots, then 1024 so that the single-program scan over blocks stays short."""
+    return 256 if num_slots <= 32768 else 1024
 MAX_TILE_HEIGHTS = 4
 
 
-@triton.jit
 def _local_expert_keys(ids_ptr, expert_map_ptr, slots, slot_ok, NUM_EXPERTS: tl.constexpr,
                        NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr):
     """Local expert of each slot, or NUM_EXPERTS for off-rank / invalid / past-the-end slots."""
@@ -61,7 +61,6 @@ def _local_expert_keys(ids_ptr, expert_map_ptr, slots, slot_ok, NUM_EXPERTS: tl.
     return tl.where(on_rank, e, NUM_EXPERTS)
 
 
-@triton.jit
 def _store_offsets(counts, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr, ecols,
                    NUM_EXPERTS: tl.constexpr, ALIGN: tl.constexpr, NUM_HEIGHTS: tl.constexpr,
                    H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr):
@@ -92,14 +91,12 @@ def _store_offsets(counts, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_
     return token_incl, row_incl
 
 
-@triton.jit
 def _fill_minus_one(ptr, start, stop, BLOCK: tl.constexpr):
     for r0 in range(start, stop, BLOCK):
         offs = r0 + tl.arange(0, BLOCK)
         tl.store(ptr + offs, tl.full([BLOCK], -1, tl.int32), mask=offs < stop)
 
 
-@triton.jit
 def _sort_and_scatter(keys, slot0, num_slots, adj_ptr, sorted_slots_ptr, slot_rows_ptr,
                       NUM_EXPERTS: tl.constexpr, BLOCK_S: tl.constexpr):
     """keys: local expert (or NUM_EXPERTS) of slots slot0 .. slot0+BLOCK_S-1. adj[e]: row of the block's
@@ -114,7 +111,6 @@ def _sort_and_scatter(keys, slot0, num_slots, adj_ptr, sorted_slots_ptr, slot_ro
     tl.store(slot_rows_ptr + slot, tl.where(valid, row, -1), mask=slot < num_slots)
 
 
-@triton.jit
 def dispatch_single_program(
     ids_ptr, expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
     sorted_slots_ptr, slot_rows_ptr, scratch_ptr, num_slots, max_rows,
@@ -139,7 +135,6 @@ def dispatch_single_program(
     _sort_and_scatter(keys, 0, num_slots, scratch_ptr, sorted_slots_ptr, slot_rows_ptr, NUM_EXPERTS, BLOCK_S)
 
 
-@triton.jit
 def dispatch_single_kernel(
     ids_ptr, expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
     sorted_slots_ptr, slot_rows_ptr, scratch_ptr, num_slots, max_rows,
@@ -156,7 +151,6 @@ def dispatch_single_kernel(
     )
 
 
-@triton.jit
 def block_histogram_kernel(
     ids_ptr, expert_map_ptr, hist_ptr, sorted_slots_ptr, num_slots, max_rows, fill_stripe,
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
@@ -173,7 +167,6 @@ def block_histogram_kernel(
     _fill_minus_one(sorted_slots_ptr, start, tl.minimum(start + fill_stripe, max_rows), FILL_BLOCK)
 
 
-@triton.jit
 def scan_kernel(
     hist_ptr, adj_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr, num_blocks,
     NUM_EXPERTS: tl.constexpr, ALIGN: tl.constexpr,
@@ -204,7 +197,6 @@ def scan_kernel(
         carry += tl.sum(h, axis=0)
 
 
-@triton.jit
 def place_kernel(
     ids_ptr, expert_map_ptr, adj_ptr, sorted_slots_ptr, slot_rows_ptr, num_slots,
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
@@ -220,7 +212,6 @@ def place_kernel(
                       NUM_EXPERTS, BLOCK_S)
 
 
-@triton.jit
 def route_dispatch_fused_kernel(
     logits_ptr, bias_ptr, weights_ptr, ids_ptr, num_tokens, stride_logits, routed_scaling_factor,
     expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
@@ -247,3 +238,20 @@ def route_dispatch_fused_kernel(
         NUM_EXPERTS, NUM_GLOBAL_EXPERTS, HAS_MAP, ALIGN, NUM_HEIGHTS, H0, H1, H2, H3,
         BLOCK_S, NUM_BINS, FILL_BLOCK,
     )
+
+
+_JIT_NAMES = (
+    "_local_expert_keys", "_store_offsets", "_fill_minus_one", "_sort_and_scatter", "dispatch_single_program",
+    "dispatch_single_kernel", "block_histogram_kernel", "scan_kernel", "place_kernel", "route_dispatch_fused_kernel",
+)
+
+
+@functools.lru_cache(maxsize=2)
+def _jit_functions(interpret: bool):
+    del interpret  # cache key only
+    return routing_triton.build_jit_namespace(globals(), _JIT_NAMES, extra=(routing_triton.jit_functions(),))
+
+
+def jit_functions():
+    """The dispatch kernels (and the fused route + dispatch kernel) for the current interpreter mode."""
+    return _jit_functions(routing_triton.triton_interpreting())

@@ -12,13 +12,16 @@ No shared memory, no atomics. Limits: hidden / y / out contiguous rows (stride i
 """
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
-__all__ = ["gather_kernel", "combine_kernel", "permute_launch_params"]
+from . import routing_triton
+
+__all__ = ["jit_functions", "permute_launch_params"]
 
 
-@triton.jit
 def gather_kernel(
     hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, num_slots, hidden_size, stride_hidden, stride_a1,
     TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -38,7 +41,6 @@ def gather_kernel(
     tl.store(a1_ptr + rows.to(tl.int64)[:, None] * stride_a1 + cols[None, :], x, mask=m)
 
 
-@triton.jit
 def combine_kernel(
     y_ptr, weights_ptr, slot_rows_ptr, out_ptr, num_tokens, hidden_size, stride_y, stride_out,
     TOP_K: tl.constexpr, HAS_WEIGHTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -62,6 +64,20 @@ def combine_kernel(
     out_mask = tok_ok[:, None] & col_ok[None, :]
     tl.store(out_ptr + tokens.to(tl.int64)[:, None] * stride_out + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+_JIT_NAMES = ("gather_kernel", "combine_kernel")
+
+
+@functools.lru_cache(maxsize=2)
+def _jit_functions(interpret: bool):
+    del interpret  # cache key only
+    return routing_triton.build_jit_namespace(globals(), _JIT_NAMES)
+
+
+def jit_functions():
+    """gather_kernel and combine_kernel for the current interpreter mode."""
+    return _jit_functions(routing_triton.triton_interpreting())
 
 
 def permute_launch_params(hidden_size: int, element_size: int) -> tuple[int, int]:

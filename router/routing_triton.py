@@ -18,15 +18,31 @@ Steps for a token block:
 
 Math is fp32. exp is libdevice expf on CUDA (faithfully rounded; Triton's tl.exp is ex2.approx there), and
 numpy's exp under TRITON_INTERPRET=1 (CPU tensors). Limits: E <= 512, k <= 16, k <= E.
-The @triton.jit helper `route_token_block` is reused by the fused route + dispatch kernel.
+The jit helper `route_token_block` is reused by the fused route + dispatch kernel (dispatch_triton.py).
+
+The kernel functions below are plain Python; `jit_functions()` decorates them with triton.jit on first
+use, once per interpreter mode (Triton fixes compiled-vs-interpreted when it decorates, so a test can turn
+TRITON_INTERPRET on for its own scope), and `build_jit_namespace` is shared with the other kernel modules.
 """
 from __future__ import annotations
+
+import functools
+import os
+import types
 
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["MAX_EXPERTS", "MAX_TOP_K", "SCORING_CODES", "route_token_block", "route_kernel", "route_launch_params"]
+__all__ = [
+    "MAX_EXPERTS",
+    "MAX_TOP_K",
+    "SCORING_CODES",
+    "triton_interpreting",
+    "build_jit_namespace",
+    "jit_functions",
+    "route_launch_params",
+]
 
 MAX_EXPERTS = 512
 MAX_TOP_K = 16
@@ -35,7 +51,6 @@ MAX_TOP_K = 16
 SCORING_CODES = {"softmax": 0, "topk_softmax": 1, "sigmoid_grouped": 2, "sigmoid_top1": 3}
 
 
-@triton.jit
 def _exp_f32(x, USE_LIBDEVICE: tl.constexpr):
     if USE_LIBDEVICE:
         return libdevice.exp(x)
@@ -43,7 +58,6 @@ def _exp_f32(x, USE_LIBDEVICE: tl.constexpr):
         return tl.exp(x)
 
 
-@triton.jit
 def _argmax_untaken(key, taken, cols, BLOCK: tl.constexpr):
     """Per row: index of the largest key among untaken columns, ties to the lower index."""
     cand = tl.where(taken, float("-inf"), key)
@@ -52,7 +66,6 @@ def _argmax_untaken(key, taken, cols, BLOCK: tl.constexpr):
     return tl.min(tl.where(hit, cols[None, :], BLOCK), axis=1)
 
 
-@triton.jit
 def route_token_block(
     logits_ptr,
     bias_ptr,
@@ -108,7 +121,7 @@ def route_token_block(
         group_of_col = cols // per_group
         gcols = tl.arange(0, BLOCK_G)
         group_scores = tl.full([BLOCK_T, BLOCK_G], neg_inf, tl.float32)
-        for g in tl.static_range(NUM_GROUPS):
+        for g in range(NUM_GROUPS):
             in_group = (group_of_col == g) & col_ok
             c = tl.where(in_group[None, :], key, neg_inf)
             best1 = tl.max(c, axis=1)
@@ -118,7 +131,7 @@ def route_token_block(
             group_scores = tl.where(gcols[None, :] == g, (best1 + best2)[:, None], group_scores)
         group_taken = tl.zeros([BLOCK_T, BLOCK_G], tl.int1) | (gcols >= NUM_GROUPS)[None, :]
         keep = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
-        for _ in tl.static_range(TOPK_GROUP):
+        for _ in range(TOPK_GROUP):
             gbest = _argmax_untaken(group_scores, group_taken, gcols, BLOCK_G)
             group_taken = group_taken | (gcols[None, :] == gbest[:, None])
             keep = keep | (group_of_col[None, :] == gbest[:, None])
@@ -127,7 +140,7 @@ def route_token_block(
     taken = tl.zeros([BLOCK_T, BLOCK_E], tl.int1) | (cols >= NUM_EXPERTS)[None, :]
     top_ids = tl.zeros([BLOCK_T, BLOCK_K], tl.int32)
     top_vals = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)
-    for j in tl.static_range(TOP_K):
+    for j in range(TOP_K):
         best = _argmax_untaken(key, taken, cols, BLOCK_E)
         sel = cols[None, :] == best[:, None]
         taken = taken | sel
@@ -156,7 +169,6 @@ def route_token_block(
     tl.store(ids_ptr + out_offs, top_ids, mask=out_mask)
 
 
-@triton.jit
 def route_kernel(
     logits_ptr,
     bias_ptr,
@@ -185,6 +197,42 @@ def route_kernel(
         NUM_EXPERTS, TOP_K, SCORING, RENORMALIZE, HAS_BIAS, NUM_GROUPS, TOPK_GROUP,
         BLOCK_T, BLOCK_E, BLOCK_K, BLOCK_G, USE_LIBDEVICE,
     )
+
+
+_JIT_NAMES = ("_exp_f32", "_argmax_untaken", "route_token_block", "route_kernel")
+
+
+def triton_interpreting() -> bool:
+    """Whether triton.jit would build interpreted kernels now (TRITON_INTERPRET, read at call time)."""
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def build_jit_namespace(module_globals: dict, names: tuple, extra: tuple = ()) -> types.SimpleNamespace:
+    """triton.jit copies of the named plain functions, bound to one namespace so that their calls to each
+    other (and to the functions in `extra` namespaces) reach copies of the same mode."""
+    namespace = dict(module_globals)
+    for other in extra:
+        namespace.update(vars(other))
+    for name in names:
+        fn = module_globals[name]
+        copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__, fn.__closure__)
+        copy.__module__, copy.__qualname__, copy.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__
+        namespace[name] = triton.jit(copy)
+    return types.SimpleNamespace(**{name: namespace[name] for name in names})
+
+
+@functools.lru_cache(maxsize=2)
+def _jit_functions(interpret: bool) -> types.SimpleNamespace:
+    del interpret  # cache key only: triton reads the mode when decorating
+    return build_jit_namespace(globals(), _JIT_NAMES)
+
+
+def jit_functions() -> types.SimpleNamespace:
+    """route_kernel, route_token_block, ... decorated for the current interpreter mode."""
+    return _jit_functions(triton_interpreting())
 
 
 def route_launch_params(num_tokens: int, num_experts: int, num_sms: int = 132) -> tuple[int, int, int]:

@@ -153,6 +153,8 @@ def _grouped_mm_available(device: torch.device) -> tuple[bool, str]:
 
 
 def _grouped_mm_supports(preset: ModelPreset, weights: ExpertWeights) -> tuple[bool, str]:
+    if weights.w13.is_cuda and weights.w13.dtype != torch.bfloat16:
+        return False, f"torch._grouped_mm on CUDA is bf16 only, weights are {weights.w13.dtype}"
     if preset.hidden % 8 or preset.intermediate % 8:
         return False, "torch._grouped_mm needs H and I multiples of 8 (16-byte rows)"
     return True, ""
@@ -206,6 +208,8 @@ def _flashinfer_available(device: torch.device) -> tuple[bool, str]:
 
 
 def _flashinfer_supports(preset: ModelPreset, weights: ExpertWeights) -> tuple[bool, str]:
+    if weights.w13.dtype not in (torch.bfloat16, torch.float16):
+        return False, f"flashinfer cutlass_fused_moe: bf16 / fp16 only here, weights are {weights.w13.dtype}"
     if preset.activation is Activation.GELU_GATED:
         return False, "flashinfer cutlass_fused_moe: gated GELU is not wired in this benchmark"
     return True, ""

@@ -32,6 +32,7 @@ QUICK_MODELS = ("qwen3-30b-a3b", "mixtral-8x7b")
 QUICK_PREFILL_TOKENS = (2048, 8192)
 CPU_PRESET = "256,128,16,4"  # qwen3-30b-a3b-like (E=16 of k=4 here), small enough for 2 CPU cores
 CPU_PREFILL_TOKENS = (2048,)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CPU_TRACE = TraceConfig(num_requests=24, arrival_rate=40.0, mean_prompt_tokens=96, mean_output_tokens=16,
                         max_prompt_tokens=512, max_output_tokens=64, token_budget=512, max_running=32)
 
@@ -63,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated: uniform, balanced, zipf[:s], dirichlet[:alpha], hot (default uniform)")
     g.add_argument("--backends", help=f"comma-separated or 'all' ({', '.join(BACKENDS)})")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    g.add_argument("--dtype", choices=tuple(DTYPES), help="weights and activations (default bf16; fp32 on CPU, "
+                   "where bf16 matmuls are ~10x slower)")
     g.add_argument("--list", action="store_true", help="list presets, backends (with availability) and exit")
     m = p.add_argument_group("method")
     m.add_argument("--no-measure-ceilings", action="store_true", help="use 4.24 TB/s and 792 TFLOP/s, do not measure")
@@ -164,12 +167,17 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
         except Exception as exc:
             notes.append(f"measuring ceilings failed ({type(exc).__name__}: {exc}); using the defaults")
     timing = TimingConfig(
+        warmup_calls=2 if on_gpu else 1,
         target_seconds=args.time_per_case or (0.2 if on_gpu else 0.05),
         max_samples=args.max_samples,
-        min_samples=min(10, args.max_samples),
+        min_samples=min(10 if on_gpu else 5, args.max_samples),
+        max_rotation=8 if on_gpu else 2,  # rotation defeats the GPU's L2; on the CPU it only costs time
     )
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if on_gpu else torch.float32)
+    if not on_gpu and dtype is torch.float32 and not args.dtype:
+        notes.append("CPU run in fp32 (bf16 matmuls are ~10x slower on CPUs without bf16 units); pass --dtype bf16 to force.")
     run = RunConfig(tuple(models), tuple(tokens), distributions, backends, device, ceilings, timing, trace,
-                    args.seed, args.check_rows)
+                    args.seed, args.check_rows, dtype)
     if trace is not None and trace.token_budget > 1 << 17:
         raise ValueError("--trace-budget: expected <= 131072 tokens per step")
     return run, notes

@@ -95,11 +95,13 @@ class RoutingDistribution:
         return self.kind.value
 
     def describe(self) -> str:
+        if self.kind is DistributionKind.ZIPF:
+            return f"skewed: expert popularity ~ 1/rank^{self.param:g}"
+        if self.kind is DistributionKind.DIRICHLET:
+            return f"skewed: expert popularity ~ Dirichlet(alpha={self.param:g})"
         return {
             DistributionKind.UNIFORM: "i.i.d. N(0,1) router logits, routed by the model's own router",
             DistributionKind.BALANCED: "perfectly balanced: every expert gets T*k/E slots (+-1)",
-            DistributionKind.ZIPF: f"skewed: expert popularity ~ 1/rank^{self.param:g}",
-            DistributionKind.DIRICHLET: f"skewed: expert popularity ~ Dirichlet(alpha={self.param:g})",
             DistributionKind.HOT: "one hot expert in every token's top-k, the rest uniform",
         }[self.kind]
 

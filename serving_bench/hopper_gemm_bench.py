@@ -70,6 +70,9 @@ def check_variants():
         ("g2_rowscale_pair", pair, p2),
         ("g2_rowscale_bias_dynamic", dyn, p2_bias),
         ("g2_plain_single", single, p2_plain),
+        ("g2_rowscale_n256_pair", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, pair_threshold=1), p2),
+        ("g2_rowscale_m64n256_dynamic", Cfg(tile_m=64, tile_n=256, work_unit=WorkUnit.SINGLE,
+                                            scheduler=s90.Scheduler.DYNAMIC), p2_bias),
     ]
 
 
@@ -84,9 +87,14 @@ def bench_variants():
         for tag, problem in (("gemm1", p1), ("gemm2", p2)):
             out += [
                 (f"{model}/{tag}/pair", Cfg(work_unit=WorkUnit.PAIR, pair_threshold=256), problem),
+                (f"{model}/{tag}/pair_always", Cfg(work_unit=WorkUnit.PAIR, pair_threshold=1), problem),
                 (f"{model}/{tag}/single", Cfg(work_unit=WorkUnit.SINGLE), problem),
                 (f"{model}/{tag}/dynamic", Cfg(work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC), problem),
-                (f"{model}/{tag}/decode64", Cfg(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE), problem),
+                (f"{model}/{tag}/m64n128", Cfg(tile_m=64, tile_n=128, work_unit=WorkUnit.SINGLE), problem),
+                (f"{model}/{tag}/m64n256", Cfg(tile_m=64, tile_n=256, work_unit=WorkUnit.SINGLE), problem),
+                (f"{model}/{tag}/n256_pair", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, pair_threshold=256), problem),
+                (f"{model}/{tag}/n256_dynamic", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE,
+                                                    scheduler=s90.Scheduler.DYNAMIC), problem),
             ]
     return out
 
@@ -221,13 +229,13 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
             "unwritten_rows": unwritten, "repeat_identical": stable, "ok": ok and stable}
 
 
-def run_checks(kdir, dog, only=None) -> list:
+def run_checks(kdir, dog, only=None, routings=("random", "skewed", "zero_experts", "one_expert")) -> list:
     gen = torch.Generator().manual_seed(1234)
     results = []
     for name, cfg, problem in check_variants():
         if only and name not in only:
             continue
-        for routing in ("random", "skewed", "zero_experts", "one_expert"):
+        for routing in routings:
             r = check_one(name, cfg, problem, routing, kdir, gen, dog)
             results.append(r)
             print(f"check {name:28s} {routing:13s} rows {r['rows']:5d} err {r['err']:.2e} "
@@ -264,7 +272,8 @@ def run_bench(kdir, dog, tokens_list) -> list:
     dev = torch.device("cuda")
     results = []
     for model, (hidden, inter, experts, top_k) in BENCH_MODELS.items():
-        w13 = s90.prepack_w13((torch.randn(experts, 2 * inter, hidden, device=dev) / hidden**0.5).to(torch.bfloat16))
+        w13_public = (torch.randn(experts, 2 * inter, hidden, device=dev) / hidden**0.5).to(torch.bfloat16)
+        w13 = s90.prepack_w13(w13_public)
         w2 = (torch.randn(experts, hidden, inter, device=dev) / inter**0.5).to(torch.bfloat16)
         for tokens in tokens_list:
             counts = make_counts("random", tokens, top_k, experts, gen)
@@ -279,6 +288,14 @@ def run_bench(kdir, dog, tokens_list) -> list:
             o1 = torch.empty(max_rows, inter, device=dev, dtype=torch.bfloat16)
             o2 = torch.empty(max_rows, hidden, device=dev, dtype=torch.bfloat16)
             rs = torch.rand(max_rows, device=dev)
+            mask = torch.zeros(max_rows, dtype=torch.bool)
+            for e in range(experts):
+                mask[int(ro[e]): int(ro[e]) + int(counts[e])] = True
+            mask = mask.to(dev)
+            refs = {
+                G1: grouped_gemm1_reference(a1[0], w13_public, ro, cn, Activation.SWIGLU)[mask].float(),
+                G2: grouped_gemm2_reference(a2[0], w2, ro, cn, rs)[mask].float(),
+            }
             for name, cfg, problem in bench_variants():
                 if not name.startswith(model):
                     continue
@@ -288,16 +305,22 @@ def run_bench(kdir, dog, tokens_list) -> list:
                 else:
                     fn = lambda i, cfg=cfg: s90.sm90_grouped_gemm2(a2[i], w2, ro, cn, row_scale=rs, out=o2, config=cfg, kernel_directory=kdir)  # noqa: E731
                     n, k, out_n = hidden, inter, hidden
-                dog.arm(f"bench {name} T={tokens}", 120)
+                dog.arm(f"bench {name} T={tokens}", 2 * dog.seconds)
                 ms = time_graph(fn, copies)
+                (o1 if problem.kind is G1 else o2).fill_(float("nan"))
+                fn(0)
+                torch.cuda.synchronize()
+                got = (o1 if problem.kind is G1 else o2)[mask].float()
+                ref = refs[problem.kind]
+                err = ((got - ref).norm() / ref.norm()).item()
                 flops = 2.0 * rows * n * k
                 bytes_moved = active * n * k * 2 + rows * k * 2 + rows * out_n * 2
-                r = {"variant": name, "tokens": tokens, "rows": rows, "active_experts": active, "ms": ms,
+                r = {"variant": name, "tokens": tokens, "rows": rows, "active_experts": active, "ms": ms, "err": err,
                      "tflops": flops / ms / 1e9, "tbps": bytes_moved / ms / 1e9,
                      "floor_ms": max(flops / 790e12, bytes_moved / 4.3e12) * 1e3}
                 results.append(r)
                 print(f"bench {name:36s} T={tokens:5d} rows {rows:6d} {ms * 1e3:9.1f} us "
-                      f"{r['tflops']:7.1f} TFLOP/s {r['tbps']:6.2f} TB/s floor {r['floor_ms'] * 1e3:8.1f} us", flush=True)
+                      f"{r['tflops']:7.1f} TFLOP/s {r['tbps']:6.2f} TB/s floor {r['floor_ms'] * 1e3:8.1f} us err {err:.1e}", flush=True)
     return results
 
 
@@ -311,17 +334,19 @@ def main(argv=None) -> int:
     r.add_argument("--kernel-dir", default=None)
     r.add_argument("--json", default=None)
     r.add_argument("--skip-check", action="store_true")
+    r.add_argument("--watchdog", type=float, default=60.0, help="seconds one kernel call may take")
     r.add_argument("--skip-bench", action="store_true")
     r.add_argument("--only", nargs="*", default=None, help="check variants to run")
+    r.add_argument("--routings", nargs="*", default=["random", "skewed", "zero_experts", "one_expert"])
     r.add_argument("--tokens", type=int, nargs="*", default=[16, 256, 2048, 8192])
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out, args.keep_ptx)
         return 0
-    dog = Watchdog(60)
+    dog = Watchdog(args.watchdog)
     report = {"device": torch.cuda.get_device_name(), "checks": [], "bench": []}
     if not args.skip_check:
-        report["checks"] = run_checks(args.kernel_dir, dog, args.only)
+        report["checks"] = run_checks(args.kernel_dir, dog, args.only, args.routings)
     if not args.skip_bench:
         report["bench"] = run_bench(args.kernel_dir, dog, args.tokens)
     if args.json:

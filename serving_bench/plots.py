@@ -61,10 +61,10 @@ def _heatmap(plt, bench: BenchResults, path: Path) -> bool:
     if not names:
         return False
     tokens = sorted({r.tokens for _, rs in panels for r in rs})
-    fig, axes = plt.subplots(1, len(names), figsize=(1.0 + 0.75 * len(tokens) * len(names), 1.2 + 0.45 * len(panels)),
+    fig, axes = plt.subplots(1, len(names), figsize=(2.5 + 0.8 * len(tokens) * len(names), 1.4 + 0.45 * len(panels)),
                              squeeze=False)
     image = None
-    for ax, name in zip(axes.flat, names):
+    for n, (ax, name) in enumerate(zip(axes.flat, names)):
         grid = np.full((len(panels), len(tokens)), np.nan)
         for i, (_, rs) in enumerate(panels):
             for r in rs:
@@ -73,10 +73,10 @@ def _heatmap(plt, bench: BenchResults, path: Path) -> bool:
         image = ax.imshow(np.log2(grid), cmap="RdYlGn_r", vmin=0.0, vmax=2.0, aspect="auto")
         for i in range(len(panels)):
             for j in range(len(tokens)):
-                text = "-" if np.isnan(grid[i, j]) else f"{grid[i, j]:.2f}"
+                text = "-" if np.isnan(grid[i, j]) else (f"{grid[i, j]:.2f}" if grid[i, j] < 100 else f"{grid[i, j]:.1e}")
                 ax.text(j, i, text, ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(tokens)), [str(t) for t in tokens], fontsize=7, rotation=45)
-        ax.set_yticks(range(len(panels)), [title for title, _ in panels], fontsize=7)
+        ax.set_yticks(range(len(panels)), [title for title, _ in panels] if n == 0 else [""] * len(panels), fontsize=7)
         ax.set_title(f"{name}: time / floor", fontsize=9)
         ax.set_xlabel("T", fontsize=8)
     if image is not None:

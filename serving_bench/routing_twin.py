@@ -36,6 +36,30 @@ def _stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     return values[:, :k], order[:, :k], margin
 
 
+def _mask_groups(select: torch.Tensor, groups: torch.Tensor, num_groups: int) -> torch.Tensor:
+    per_group = select.shape[1] // num_groups
+    keep = torch.zeros(select.shape[0], num_groups, dtype=torch.bool, device=select.device)
+    keep.scatter_(1, groups, True)
+    return select.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
+
+
+def _grouped_topk(select: torch.Tensor, routing: RoutingConfig, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-limited top-k. The group margin counts only where swapping the last kept group for the first
+    dropped one would change the selected experts."""
+    num_tokens, num_experts = select.shape
+    num_groups, keep_groups = routing.num_expert_group, routing.topk_group
+    group_scores = select.view(num_tokens, num_groups, num_experts // num_groups).topk(2, dim=-1).values.sum(dim=-1)
+    group_values, group_order = torch.sort(group_scores, dim=-1, descending=True, stable=True)
+    _, ids, margin = _stable_topk(_mask_groups(select, group_order[:, :keep_groups], num_groups), k)
+    if keep_groups < num_groups:
+        swapped = torch.cat([group_order[:, : keep_groups - 1], group_order[:, keep_groups : keep_groups + 1]], dim=1)
+        _, alt_ids, _ = _stable_topk(_mask_groups(select, swapped, num_groups), k)
+        changes = (ids.sort(dim=1).values != alt_ids.sort(dim=1).values).any(dim=1)
+        group_margin = group_values[:, keep_groups - 1] - group_values[:, keep_groups]
+        margin = torch.where(changes, torch.minimum(margin, group_margin), margin)
+    return ids, margin
+
+
 def route_twin(
     logits: torch.Tensor, routing: RoutingConfig, e_score_correction_bias: torch.Tensor | None = None
 ) -> RoutedTokens:
@@ -64,18 +88,10 @@ def route_twin(
     elif scoring is Scoring.SIGMOID_GROUPED:
         scores = torch.sigmoid(logits)
         select = scores if e_score_correction_bias is None else scores + e_score_correction_bias.float()
-        group_margin = None
-        if routing.num_expert_group is not None:
-            num_groups = routing.num_expert_group
-            per_group = num_experts // num_groups
-            group_scores = select.view(num_tokens, num_groups, per_group).topk(2, dim=-1).values.sum(dim=-1)
-            _, kept, group_margin = _stable_topk(group_scores, routing.topk_group)
-            keep = torch.zeros(num_tokens, num_groups, dtype=torch.bool, device=logits.device)
-            keep.scatter_(1, kept, True)
-            select = select.masked_fill(~keep.repeat_interleave(per_group, dim=1), float("-inf"))
-        _, ids, margin = _stable_topk(select, k)
-        if group_margin is not None:
-            margin = torch.minimum(margin, group_margin)
+        if routing.num_expert_group is None:
+            _, ids, margin = _stable_topk(select, k)
+        else:
+            ids, margin = _grouped_topk(select, routing, k)
         weights = scores.gather(1, ids)
         if routing.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -109,6 +109,7 @@ class RunConfig:
     trace: TraceConfig | None = None
     seed: int = 0
     check_rows: int = 256
+    dtype: torch.dtype = torch.bfloat16  # weights and activations
 
     def __post_init__(self):
         if not self.models:
@@ -122,6 +123,8 @@ class RunConfig:
             raise ValueError(f"backends: unknown {unknown}, expected names from {sorted(BACKENDS)}")
         if not self.sweep_tokens and self.trace is None:
             raise ValueError("sweep_tokens: expected token counts, or a trace")
+        if self.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"dtype: expected bfloat16, float16 or float32, got {self.dtype}")
         if any(t < 1 for t in self.sweep_tokens):
             raise ValueError(f"sweep_tokens: expected positive token counts, got {self.sweep_tokens}")
 
@@ -151,6 +154,7 @@ def environment(device: torch.device) -> dict:
         "host": platform.node(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
+    env["cpu_threads"] = torch.get_num_threads()
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(
@@ -188,12 +192,13 @@ def _seed(*parts) -> int:
 
 def _make_case(preset, weights: ExpertWeights, tokens, dist, run: RunConfig) -> _CaseData:
     device = run.device
-    bytes_per_input = tokens * (preset.hidden * 2 + preset.num_experts * 4)
+    elem = torch.finfo(run.dtype).bits // 8
+    bytes_per_input = tokens * (preset.hidden * elem + preset.num_experts * 4)
     inputs, hits, floors = [], [], []
     for rot in range(rotation_count(bytes_per_input, run.timing)):
         seed = _seed(run.seed, preset.name, tokens, dist.label, rot)
         gen = torch.Generator(device=device).manual_seed(seed)
-        hidden = torch.randn(tokens, preset.hidden, generator=gen, device=device, dtype=torch.bfloat16)
+        hidden = torch.randn(tokens, preset.hidden, generator=gen, device=device, dtype=run.dtype)
         logits = make_router_logits(dist, tokens, preset.num_experts, preset.routing, seed=seed, device=device)
         routed = route_twin(logits, preset.routing, weights.e_score_correction_bias)
         load = summarize_load(routed.topk_ids, preset.num_experts)
@@ -201,7 +206,7 @@ def _make_case(preset, weights: ExpertWeights, tokens, dist, run: RunConfig) -> 
             first_load = load
             reference = make_reference(hidden, weights, routed, preset.activation, max_rows=run.check_rows)
         hits.append(load.experts_hit)
-        floors.append(moe_floor(preset, tokens, load.experts_hit, run.ceilings))
+        floors.append(moe_floor(preset, tokens, load.experts_hit, run.ceilings, elem_bytes=elem))
         inputs.append((hidden, logits))
     floor_us = float(np.mean([f.us for f in floors]))
     bound = floors[0].bound
@@ -292,7 +297,8 @@ def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None)
         weights = None
         if lost is None:
             try:
-                weights = make_expert_weights(preset, run.device, seed=_seed(run.seed, preset.name, "weights"))
+                weights = make_expert_weights(preset, run.device, seed=_seed(run.seed, preset.name, "weights"),
+                                              dtype=run.dtype)
                 for dist in run.distributions:
                     for tokens in token_list:
                         case = _make_case(preset, weights, tokens, dist, run)

@@ -8,6 +8,7 @@ moe_reference with the dropped slots removed.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import socket
 
 import pytest
@@ -18,6 +19,7 @@ from moe2cta.expert_parallel import (
     A2AMode,
     ExpertParallelConfig,
     ExpertPlacement,
+    capacity_per_peer_for,
     ep_combine,
     ep_dispatch,
     ep_expert_compute,
@@ -25,9 +27,10 @@ from moe2cta.expert_parallel import (
     expert_map_for,
     expert_owner_and_local_id,
     local_expert_ids,
+    send_layout_for,
     shard_experts,
 )
-from moe2cta.router.reference import route_reference
+from moe2cta.router.reference import dispatch_reference, route_reference
 
 SOFTMAX_K2 = RoutingConfig(top_k=2)
 DEEPSEEK_LIKE = RoutingConfig(
@@ -175,7 +178,8 @@ def _worker(rank: int, world: int, port: int, cases_by_world: dict, backend: str
     if backend == "nccl":
         device = f"cuda:{rank}"
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))  # a deadlock fails instead of hanging
     try:
         runs = [(None, rank, world, 0)]
         if world == 4 and 2 in cases_by_world:
@@ -324,3 +328,34 @@ def test_config_and_input_errors():
         ep_fused_moe(h, w13[:4], w2[:4], torch.randn(3, 8), SOFTMAX_K2, two)
     with pytest.raises(ValueError, match="num_global_experts"):
         shard_experts(w13[:5], cfg)
+
+
+def test_send_layout_matches_router_dispatch_over_ranks():
+    gen = torch.Generator().manual_seed(3)
+    dest = torch.randint(0, 4, (37, 3), generator=gen, dtype=torch.int32)
+    dest[5:9] = 2  # a crowded destination
+    exact = send_layout_for(dest, 4)
+    ref = dispatch_reference(dest, 4, align=1)
+    for field in ("counts", "token_offsets", "row_offsets", "sorted_slots", "slot_rows"):
+        assert torch.equal(getattr(exact, field), getattr(ref, field)), field
+    padded = send_layout_for(dest, 4, capacity=9)
+    assert torch.equal(padded.counts, ref.counts.clamp(max=9))
+    assert torch.equal(padded.row_offsets, torch.arange(5, dtype=torch.int32) * 9)
+    position = ref.slot_rows.long() - ref.token_offsets.long()[dest.reshape(-1).long()]
+    expected = torch.where(position < 9, dest.reshape(-1).long() * 9 + position, torch.full_like(position, -1))
+    assert torch.equal(padded.slot_rows.long(), expected)
+    kept = padded.slot_rows >= 0
+    assert torch.equal(padded.sorted_slots.long()[padded.slot_rows.long()[kept]], torch.arange(111)[kept])
+    assert int((padded.sorted_slots >= 0).sum()) == int(kept.sum())
+    empty = send_layout_for(torch.zeros(0, 2, dtype=torch.int32), 3, capacity=4)
+    assert empty.sorted_slots.shape == (12,) and bool((empty.sorted_slots == -1).all())
+
+
+def test_capacity_per_peer_for():
+    assert capacity_per_peer_for(128, 8, 2) == 512
+    assert capacity_per_peer_for(128, 8, 2, 1.25) == 640
+    assert capacity_per_peer_for(100, 8, 3) == 267
+    assert capacity_per_peer_for(128, 8, 2, 4.0) == 1024  # never more than T*k
+    assert capacity_per_peer_for(0, 8, 2) == 1
+    with pytest.raises(ValueError, match="capacity_factor"):
+        capacity_per_peer_for(8, 2, 2, 0.0)

@@ -16,6 +16,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import urllib.parse
 import zipfile
 
 import pytest
@@ -55,7 +56,8 @@ def _editable_install() -> bool:
         direct = dist.read_text("direct_url.json")
         if direct:
             info = json.loads(direct)
-            if info.get("dir_info", {}).get("editable") and info.get("url", "").rstrip("/").endswith(REPO.name):
+            url = urllib.parse.urlparse(info.get("url", ""))
+            if info.get("dir_info", {}).get("editable") and pathlib.Path(url.path).resolve() == REPO.resolve():
                 return True
     return False
 

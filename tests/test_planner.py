@@ -156,6 +156,20 @@ def test_given_counts_and_bad_input():
     assert planner.balanced_counts(10, 4) == (3, 3, 2, 2)
 
 
+def test_routing_assumptions():
+    assert planner.expected_experts_hit(1, 8, 128) == 8
+    assert planner.expected_experts_hit(32, 8, 256) == 163  # 256 * (1 - (1 - 8/256)^32)
+    assert planner.expected_experts_hit(4096, 8, 128) == 128 and planner.expected_experts_hit(0, 8, 128) == 0
+    preset = get_preset("deepseek-v3")
+    g1, _ = planner.moe_problems(preset, 32)
+    assert g1.experts_hit == 163 and g1.total_rows == 256 and max(g1.counts) - min(c for c in g1.counts if c) <= 1
+    assert "uniform random" in g1.routing
+    b1, _ = planner.moe_problems(preset, 32, routing_assumption=planner.RoutingAssumption.BALANCED)
+    assert b1.experts_hit == 256 and b1.total_rows == 256 and "balanced" in b1.routing
+    with pytest.raises(TypeError, match="routing_assumption"):
+        planner.moe_problems(preset, 32, routing_assumption="uniform")
+
+
 # ------------------------------------------------------------------------------------------ kernels
 @pytest.mark.parametrize("arch", [Arch.SM90, Arch.SM100])
 def test_planner_builds_kernel_configs(arch):

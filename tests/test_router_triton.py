@@ -1,17 +1,13 @@
 """CPU tier of the router kernels: every Triton kernel against its torch twin, small shapes.
 
-Without a CUDA GPU the kernels run under TRITON_INTERPRET=1 on CPU tensors (set here, before the kernel
-modules are first imported: moe2cta.router imports them lazily); with a GPU the same tests run compiled.
+Without a CUDA GPU the kernels run under TRITON_INTERPRET=1 on CPU tensors (set for each test only: the
+kernel modules decorate their kernels per interpreter mode on first use); with a GPU the same tests run
+compiled on the GPU.
 """
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from moe2cta.router import (  # noqa: E402
+from moe2cta.router import (
     Dispatch,
     DispatchScheme,
     RouterBackend,
@@ -30,6 +26,12 @@ from moe2cta.router import (  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TRITON = RouterBackend.TRITON
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_without_gpu(monkeypatch):
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 def assert_dispatch_equal(got: Dispatch, want: Dispatch):

@@ -113,6 +113,45 @@ def test_ptx_and_ir_parsers():
     assert sm100._ir_launch_smem_bytes(ir) == 214016
 
 
+def _random_layout(gen, num_experts, align):
+    import torch
+
+    counts = torch.randint(0, 700, (num_experts,), generator=gen)
+    counts[torch.randperm(num_experts, generator=gen)[: num_experts // 3]] = 0  # empty experts on purpose
+    padded = (counts + align - 1) // align * align
+    offsets = [0] + torch.cumsum(padded, 0).tolist()
+    max_rows = int(counts.sum()) + num_experts * (align - 1)
+    return offsets, counts.tolist(), max_rows
+
+
+@pytest.mark.parametrize("align", [128, 256])
+@pytest.mark.parametrize("unit, threshold", [(WorkUnit.PAIR, 0), (WorkUnit.SINGLE, 0), (WorkUnit.PAIR, 129)])
+def test_tile_plan_stores_every_valid_row_once(align, unit, threshold):
+    import torch
+
+    gen = torch.Generator().manual_seed(align + threshold + (unit is WorkUnit.PAIR))
+    config = Sm100GemmConfig(unit=unit, pair_threshold=threshold)
+    for _ in range(20):
+        offsets, counts, max_rows = _random_layout(gen, 13, align)
+        launches = [(config, 0, sm100.NO_UPPER_BOUND)]
+        if threshold:
+            launches = [(config, threshold, sm100.NO_UPPER_BOUND), (config.single_fallback(), 0, threshold)]
+        written = {}
+        for cfg, lo, hi in launches:
+            for expert, row0, stores in sm100.tile_plan(offsets, counts, cfg, max_rows, lo, hi):
+                assert (row0 - offsets[expert]) % cfg.tile_m == 0
+                assert (counts[expert] >= threshold) == (cfg.unit is WorkUnit.PAIR) or not threshold
+                for v, store in enumerate(stores):
+                    if not store:
+                        continue
+                    first = row0 + v * sm100.ROWS_PER_CTA
+                    for r in range(first, min(first + sm100.ROWS_PER_CTA, max_rows)):
+                        assert offsets[expert] <= r < offsets[expert + 1]  # never another expert's rows
+                        written[r] = written.get(r, 0) + 1
+        valid = {r for e, c in enumerate(counts) for r in range(offsets[e], offsets[e] + c)}
+        assert valid <= set(written) and all(n == 1 for n in written.values())
+
+
 def _check_compiled(config, problem):
     compiled, report = sm100.compile_kernel(config, problem, keep_ptx=True)
     budget = _planner_budget(config, problem)
@@ -178,3 +217,24 @@ def test_aot_bundle_command(tmp_path):
         assert all(m in ptx for m in wanted)
         symbols = subprocess.run(["nm", "-D", str(out / entry["library"])], capture_output=True, text=True).stdout
         assert entry["function"] in symbols
+
+
+def test_host_api_rejects_bad_arguments_without_gpu():
+    import torch
+
+    from moe2cta.grouped_gemm.sm100_grouped_gemm import sm100_grouped_gemm1, sm100_grouped_gemm2
+
+    a = torch.randn(256, 128, dtype=torch.bfloat16)
+    w2 = torch.randn(2, 256, 128, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 128, 256], dtype=torch.int32)
+    counts = torch.tensor([100, 3], dtype=torch.int32)
+    with pytest.raises(TypeError, match="counts"):
+        sm100_grouped_gemm2(a, w2, offsets, counts.long())
+    with pytest.raises(TypeError, match="w2"):
+        sm100_grouped_gemm2(a, w2.float(), offsets, counts)
+    with pytest.raises(TypeError, match="row_offsets"):
+        sm100_grouped_gemm2(a, w2, offsets[:2], counts)
+    with pytest.raises(TypeError, match="a:"):
+        sm100_grouped_gemm1(a.float(), w2, offsets, counts)
+    with pytest.raises(ValueError, match="CUDA"):
+        sm100_grouped_gemm2(a, w2, offsets, counts)

@@ -1,0 +1,157 @@
+"""Router stage benchmark: routing + dispatch time on the GPU, Triton kernels against the torch twins.
+
+    python -m moe2cta.serving_bench.router_bench --out results/ [--experts 8 128 256] [--top-k 2 4 8]
+        [--tokens 1 32 512 4096 32768] [--warmup-only --shard I/N]
+
+Triton: route_dispatch (one fused launch for T <= 64, else route + dispatch = 4 launches) and, apart,
+route and dispatch, each captured 20 times in one CUDA graph; time = median over 7 rounds of 10 replays,
+divided by 20 (so launch gaps inside a graph count, host launch overhead does not). The torch twins use
+bincount / sort and cannot be captured: timed eagerly (CUDA events, median). Logits are bf16 randn, scoring
+SOFTMAX + renormalize (Qwen3 / Mixtral style), align 128, tile heights (16, 64, 128, 256).
+--warmup-only compiles the kernels of shard I of N of the cases (run shards in parallel processes first:
+Triton's on-disk cache then serves the timing process).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from moe2cta.router import RoutingConfig, dispatch, dispatch_reference, route, route_dispatch, route_reference
+
+GRAPH_REPEATS = 20
+
+
+def _graph_time_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_REPEATS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    rounds = []
+    for _ in range(7):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            graph.replay()
+        stop.record()
+        stop.synchronize()
+        rounds.append(start.elapsed_time(stop) * 1e3 / (10 * GRAPH_REPEATS))
+    return statistics.median(rounds)
+
+
+def _eager_time_us(fn, reps: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3)
+    return statistics.median(times)
+
+
+def cases(experts, top_ks, tokens):
+    return [(e, k, t) for e in experts for k in top_ks for t in tokens if k <= e]
+
+
+def run_case(num_experts: int, top_k: int, num_tokens: int, warmup_only: bool = False) -> dict:
+    config = RoutingConfig(top_k=top_k)
+    gen = torch.Generator(device="cuda").manual_seed(num_experts * 1000 + top_k)
+    logits = torch.randn(num_tokens, num_experts, device="cuda", generator=gen).to(torch.bfloat16)
+    _, ids = route(logits, config, backend="triton")
+
+    def both():
+        return route_dispatch(logits, config, backend="triton")
+
+    def route_only():
+        return route(logits, config, backend="triton")
+
+    def dispatch_only():
+        return dispatch(ids, num_experts, backend="triton")
+
+    def twin():
+        _, twin_ids = route_reference(logits, config)
+        return dispatch_reference(twin_ids, num_experts)
+
+    if warmup_only:
+        both(), route_only(), dispatch_only()
+        return {}
+    return {
+        "experts": num_experts,
+        "top_k": top_k,
+        "tokens": num_tokens,
+        "fused_launch": num_tokens <= 64,
+        "route_dispatch_us": _graph_time_us(both),
+        "route_us": _graph_time_us(route_only),
+        "dispatch_us": _graph_time_us(dispatch_only),
+        "torch_twin_us": _eager_time_us(twin),
+    }
+
+
+def markdown(rows) -> str:
+    lines = [
+        "| E | k | T | route+dispatch us | (one launch) | route us | dispatch us | torch twin us (eager) | speedup |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['experts']} | {r['top_k']} | {r['tokens']} | {r['route_dispatch_us']:.2f} | "
+            f"{'yes' if r['fused_launch'] else 'no'} | {r['route_us']:.2f} | {r['dispatch_us']:.2f} | "
+            f"{r['torch_twin_us']:.1f} | {r['torch_twin_us'] / r['route_dispatch_us']:.1f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experts", type=int, nargs="+", default=[8, 128, 256])
+    parser.add_argument("--top-k", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 512, 4096, 32768])
+    parser.add_argument("--out", default=None, help="folder for router_bench.json / router_bench.md")
+    parser.add_argument("--warmup-only", action="store_true")
+    parser.add_argument("--shard", default="0/1", help="I/N: this process takes cases I, I+N, ...")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("router_bench: needs a CUDA GPU")
+        return 2
+    index, count = (int(x) for x in args.shard.split("/"))
+    todo = cases(args.experts, args.top_k, args.tokens)[index::count]
+    rows = []
+    started = time.time()
+    for e, k, t in todo:
+        row = run_case(e, k, t, warmup_only=args.warmup_only)
+        if row:
+            rows.append(row)
+            print(f"E={e:4d} k={k} T={t:6d}  route+dispatch {row['route_dispatch_us']:7.2f} us  "
+                  f"route {row['route_us']:6.2f}  dispatch {row['dispatch_us']:6.2f}  twin {row['torch_twin_us']:8.1f}",
+                  flush=True)
+    if args.warmup_only:
+        print(f"warm-up shard {args.shard}: {len(todo)} cases in {time.time() - started:.1f} s")
+        return 0
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "graph_repeats": GRAPH_REPEATS}
+    table = markdown(rows)
+    print(table)
+    if args.out:
+        import os
+
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "router_bench.json"), "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        with open(os.path.join(args.out, "router_bench.md"), "w") as f:
+            f.write(f"{meta}\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,389 @@
+"""CPU tests of the serving benchmark harness (moe2cta.serving_bench); the GPU timing path is marked gpu."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from moe2cta.presets import PRESETS, custom_preset, get_preset
+from moe2cta.router import RoutingConfig, Scoring
+from moe2cta.serving_bench import backends as backends_mod
+from moe2cta.serving_bench.backends import BACKENDS, BackendFamily, BackendSpec, make_expert_weights
+from moe2cta.serving_bench.correctness import CheckStatus, check_output, make_reference, moe_rows
+from moe2cta.serving_bench.distributions import (
+    DistributionKind,
+    RoutingDistribution,
+    make_correction_bias,
+    make_router_logits,
+    summarize_load,
+)
+from moe2cta.serving_bench.floors import DEFAULT_CEILINGS, TARGETS, Ceilings, CeilingSource, Phase, moe_floor, phase_of
+from moe2cta.serving_bench.routing_twin import route_twin
+from moe2cta.serving_bench.timing import GraphCapture, TimingConfig, TimingMode, rotation_count, time_callable
+from moe2cta.serving_bench.trace import (
+    BUCKETS,
+    TraceConfig,
+    bucket_tokens,
+    generate_requests,
+    schedule_steps,
+    step_latencies,
+    trace_stats,
+)
+
+TINY = "64,32,8,2"
+FAST_TIMING = TimingConfig(warmup_calls=1, min_samples=3, max_samples=5, target_seconds=0.005, max_rotation=2)
+
+
+# --- floors ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model, tokens, hit, floor_us",
+    [  # rows of shared/bench/peers-h200-2026-11-29.md
+        ("mixtral-8x7b", 1, 2, 166.2),
+        ("mixtral-8x7b", 32768, 8, 29153.7),
+        ("qwen3-30b-a3b", 2048, 128, 288.9),
+        ("qwen3-30b-a3b", 8192, 128, 780.9),
+        ("deepseek-v3", 128, 253, 5256.6),
+        ("gpt-oss-120b", 1, 4, 47.0),
+        ("gpt-oss-120b", 512, 128, 1503.8),
+    ],
+)
+def test_floor_matches_peers_file(model, tokens, hit, floor_us):
+    preset = get_preset(model)
+    floor = moe_floor(preset, tokens, hit, DEFAULT_CEILINGS)
+    if preset.has_bias:  # the peers file leaves the (small) bias bytes out; we count them
+        floor_us += hit * (2 * preset.intermediate + preset.hidden) * 2 / DEFAULT_CEILINGS.bandwidth * 1e6
+    assert floor.us == pytest.approx(floor_us, abs=0.06)
+
+
+def test_floor_arithmetic_and_bound():
+    p = custom_preset("1024,512,16,4")
+    c = Ceilings(1e12, 100e12, CeilingSource.USER)
+    f = moe_floor(p, 10, 3, c)
+    assert f.weight_bytes == 3 * 3 * 1024 * 512 * 2
+    assert f.activation_bytes == 2 * 10 * 1024 * 2
+    assert f.flops == 2 * 10 * 4 * 3 * 1024 * 512
+    assert f.memory_s == pytest.approx((f.weight_bytes + f.activation_bytes) / 1e12)
+    assert f.bound == "memory" and f.seconds == f.memory_s
+    big = moe_floor(p, 1 << 20, 16, c)
+    assert big.bound == "compute" and big.seconds == pytest.approx(big.flops / 100e12)
+    with pytest.raises(ValueError, match="experts_hit"):
+        moe_floor(p, 1, 17, c)
+    with pytest.raises(ValueError, match="ceilings"):
+        Ceilings(0, 1, CeilingSource.USER)
+
+
+def test_targets_by_phase():
+    assert phase_of(512) is Phase.DECODE and phase_of(513) is Phase.MIDDLE and phase_of(2048) is Phase.PREFILL
+    assert TARGETS.for_tokens(1) == 1.10 and TARGETS.for_tokens(32768) == 1.25 and TARGETS.for_tokens(1024) == 1.35
+
+
+# --- routing twin and distributions ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_route_twin_matches_project_router(name):
+    from moe2cta.router.reference import route_reference
+
+    preset = PRESETS[name]
+    logits = torch.randn(64, preset.num_experts, generator=torch.Generator().manual_seed(3))
+    bias = make_correction_bias(preset.num_experts, seed=1, device="cpu") if preset.routing.scoring is Scoring.SIGMOID_GROUPED else None
+    ours = route_twin(logits, preset.routing, bias)
+    weights, ids = route_reference(logits, preset.routing, bias)
+    assert torch.equal(ours.topk_ids, ids.to(torch.int32))
+    torch.testing.assert_close(ours.topk_weights, weights.float(), rtol=1e-5, atol=1e-6)
+    assert bool((ours.margin >= 0).all())
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b"])
+@pytest.mark.parametrize("spec", ["balanced", "zipf:1.5", "dirichlet:0.2", "hot"])
+def test_constructed_distributions_route_as_intended(name, spec):
+    preset = PRESETS[name]
+    dist = RoutingDistribution.parse(spec)
+    e, k = preset.num_experts, preset.top_k
+    bias = make_correction_bias(e, seed=2, device="cpu") if preset.routing.scoring is Scoring.SIGMOID_GROUPED else None
+    logits = make_router_logits(dist, 256, e, preset.routing, seed=5, device="cpu")
+    routed = route_twin(logits, preset.routing, bias)
+    chosen = logits.topk(k, dim=1).indices.sort(dim=1).values  # the logits the generator raised
+    assert torch.equal(routed.topk_ids.long().sort(dim=1).values, chosen)
+    assert float(routed.margin.min()) > 1e-3  # no ambiguous rows in constructed distributions
+    counts = torch.bincount(routed.topk_ids.reshape(-1).long(), minlength=e)
+    if dist.kind is DistributionKind.BALANCED:
+        assert int(counts.max() - counts.min()) <= 1
+    if dist.kind is DistributionKind.HOT:
+        assert int(counts.max()) == 256  # one expert in every token
+    if dist.kind in (DistributionKind.ZIPF, DistributionKind.DIRICHLET):
+        uniform = make_router_logits(RoutingDistribution.parse("uniform"), 256, e, preset.routing, seed=5, device="cpu")
+        flat = torch.bincount(route_twin(uniform, preset.routing, bias).topk_ids.reshape(-1).long(), minlength=e)
+        assert int(counts.max()) > int(flat.max())
+    if preset.routing.num_expert_group is not None:
+        groups = (routed.topk_ids.long() // (e // preset.routing.num_expert_group)).tolist()
+        assert max(len(set(g)) for g in groups) <= preset.routing.topk_group
+
+
+def test_distribution_parse_labels_and_errors():
+    assert RoutingDistribution.parse("zipf").param == 1.2
+    assert RoutingDistribution.parse("dirichlet:0.1").label == "dirichlet(alpha=0.1)"
+    assert RoutingDistribution.parse("HOT").label == "hot"
+    for d in DistributionKind:
+        assert RoutingDistribution(d).describe()
+    with pytest.raises(ValueError, match="routing"):
+        RoutingDistribution.parse("lognormal")
+    with pytest.raises(ValueError, match="param"):
+        RoutingDistribution.parse("zipf:-1")
+    with pytest.raises(ValueError, match="param"):
+        RoutingDistribution(DistributionKind.UNIFORM, 2.0)
+    a = make_router_logits(RoutingDistribution.parse("zipf"), 8, 16, RoutingConfig(top_k=2), seed=1, device="cpu")
+    b = make_router_logits(RoutingDistribution.parse("zipf"), 8, 16, RoutingConfig(top_k=2), seed=1, device="cpu")
+    assert torch.equal(a, b)
+    load = summarize_load(torch.tensor([[0, 1], [0, 2]]), 4)
+    assert (load.experts_hit, load.max_load, load.imbalance) == (3, 2, 1.5)
+
+
+# --- correctness -----------------------------------------------------------------------------------
+
+
+def _tiny_case(spec=TINY, tokens=24, dtype=torch.float32, dist="uniform"):
+    preset = custom_preset(spec)
+    weights = make_expert_weights(preset, "cpu", seed=0, dtype=dtype)
+    hidden = torch.randn(tokens, preset.hidden, generator=torch.Generator().manual_seed(1)).to(dtype)
+    logits = make_router_logits(RoutingDistribution.parse(dist), tokens, preset.num_experts, preset.routing, seed=2, device="cpu")
+    return preset, weights, hidden, logits
+
+
+def test_reference_rows_match_moe2cta_reference():
+    from moe2cta import moe_reference
+
+    preset, weights, hidden, logits = _tiny_case()
+    routed = route_twin(logits, preset.routing)
+    ours = moe_rows(hidden, weights.w13, weights.w2, routed.topk_weights, routed.topk_ids, preset.activation)
+    theirs = moe_reference(hidden, weights.w13, weights.w2, routed.topk_weights, routed.topk_ids, preset.activation)
+    torch.testing.assert_close(ours, theirs.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["torch-loop", "grouped-mm", "moe2cta-torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_backends_pass_the_check(name, dtype):
+    preset, weights, hidden, logits = _tiny_case(dtype=dtype)
+    reference = make_reference(hidden, weights, route_twin(logits, preset.routing), preset.activation)
+    out = BACKENDS[name].build(preset, weights)(hidden, logits)
+    verdict = check_output(out, reference, hidden.shape[0], preset.hidden)
+    assert verdict.status is CheckStatus.PASS, verdict
+
+
+def test_gpt_oss_like_bias_and_activation_pass():
+    base = get_preset("gpt-oss-120b")
+    preset = dataclasses.replace(base, hidden=64, intermediate=32, num_experts=8)
+    weights = make_expert_weights(preset, "cpu", seed=0, dtype=torch.float32)
+    assert weights.b13 is not None and weights.b2 is not None
+    hidden = torch.randn(16, 64)
+    logits = torch.randn(16, 8)
+    reference = make_reference(hidden, weights, route_twin(logits, preset.routing), preset.activation)
+    for name in ("torch-loop", "grouped-mm", "moe2cta-torch"):
+        out = BACKENDS[name].build(preset, weights)(hidden, logits)
+        assert check_output(out, reference, 16, 64).status is CheckStatus.PASS, name
+
+
+def test_check_catches_wrong_outputs():
+    preset, weights, hidden, logits = _tiny_case(dtype=torch.bfloat16)
+    reference = make_reference(hidden, weights, route_twin(logits, preset.routing), preset.activation)
+    good = BACKENDS["torch-loop"].build(preset, weights)(hidden, logits)
+    assert reference.tolerance >= 2 * reference.twin_err > 0
+    bad = good.clone()
+    bad[3] = bad[3] * 1.5  # one token wrong
+    assert check_output(bad, reference, 24, preset.hidden).status is CheckStatus.FAIL
+    nan = good.clone()
+    nan[0, 0] = float("nan")
+    assert "NaN" in check_output(nan, reference, 24, preset.hidden).reason
+    assert "shape" in check_output(good[:5], reference, 24, preset.hidden).reason
+
+
+def test_ambiguous_rows_are_left_out():
+    preset, weights, hidden, logits = _tiny_case()
+    logits[5] = 0.0  # all experts tie: ambiguous top-k
+    reference = make_reference(hidden, weights, route_twin(logits, preset.routing), preset.activation)
+    assert reference.rows_ambiguous == 1 and 5 not in reference.rows.tolist()
+
+
+# --- timing ----------------------------------------------------------------------------------------
+
+
+def test_cpu_timing_and_rotation():
+    calls = []
+    result = time_callable(lambda x: calls.append(x), [(1,), (2,)], torch.device("cpu"), FAST_TIMING)
+    assert result.mode is TimingMode.CPU_CLOCK
+    assert FAST_TIMING.min_samples <= len(result.samples_us) <= FAST_TIMING.max_samples
+    assert set(calls) == {1, 2} and result.median_us >= 0 and result.percentile(99) >= result.percentile(50)
+    config = TimingConfig(rotation_bytes=100, max_rotation=4)
+    assert rotation_count(1, config) == 4 and rotation_count(60, config) == 2 and rotation_count(1000, config) == 1
+    with pytest.raises(ValueError, match="samples"):
+        TimingConfig(min_samples=5, max_samples=2)
+
+
+# --- trace -----------------------------------------------------------------------------------------
+
+
+def test_trace_generator_and_scheduler_conserve_tokens():
+    config = TraceConfig(num_requests=300, arrival_rate=50.0, mean_prompt_tokens=200, mean_output_tokens=20,
+                         max_prompt_tokens=3000, max_output_tokens=200, token_budget=1024, max_running=64, seed=7)
+    requests = generate_requests(config)
+    assert requests == generate_requests(config)  # deterministic
+    gaps = np.diff([0.0] + [r.arrival_s for r in requests])
+    assert np.mean(gaps) == pytest.approx(1 / 50.0, rel=0.2)  # Poisson rate
+    assert np.mean([r.prompt_tokens for r in requests]) == pytest.approx(200, rel=0.3)
+    steps = schedule_steps(requests, config)
+    assert all(1 <= s.num_tokens <= 1024 for s in steps)
+    assert sum(s.prefill_tokens for s in steps) == sum(r.prompt_tokens for r in requests)
+    assert sum(s.decode_tokens for s in steps) == sum(r.output_tokens - 1 for r in requests)
+    assert any(s.decode_tokens and s.prefill_tokens for s in steps)  # mixed steps happen
+    assert all(s.decode_tokens <= 64 for s in steps)
+    stats = trace_stats(steps)
+    assert stats.total_tokens == sum(s.num_tokens for s in steps) and stats.max_step_tokens <= 1024
+    assert set(stats.buckets) <= set(BUCKETS) and max(stats.buckets) <= 1024
+
+
+def test_buckets_and_step_latencies():
+    assert [bucket_tokens(t) for t in (1, 2, 3, 5, 7, 9, 100, 1025)] == [1, 2, 3, 6, 8, 12, 128, 1536]
+    with pytest.raises(ValueError):
+        bucket_tokens(0)
+    from moe2cta.serving_bench.trace import Step
+
+    steps = [Step(0.0, 4, 0, 0)] * 90 + [Step(0.0, 4, 100, 1)] * 10
+    lat = step_latencies(steps, {4: [10.0], 128: [100.0]}, {4: 5.0, 128: 50.0})
+    assert lat.p50_us == 10.0 and lat.p99_us == pytest.approx(100.0) and lat.mean_us == pytest.approx(19.0)
+    assert lat.tokens_per_s == pytest.approx((90 * 4 + 10 * 104) / (1900e-6))
+    assert lat.time_over_floor == pytest.approx(2.0)
+
+
+# --- runner, reports, plots, CLI --------------------------------------------------------------------
+
+
+def _wrong_build(preset, weights):
+    def forward(hidden, logits):
+        return torch.zeros_like(hidden) + 1.0
+
+    return forward
+
+
+def _raising_build(preset, weights):
+    def forward(hidden, logits):
+        raise RuntimeError("kernel exploded")
+
+    return forward
+
+
+@pytest.fixture
+def extra_backends(monkeypatch):
+    ok = lambda device: (True, "")  # noqa: E731
+    wrong = BackendSpec("wrong", BackendFamily.OURS, "always 1.0", GraphCapture.TRY, ok, _wrong_build)
+    boom = BackendSpec("boom", BackendFamily.PEER, "raises", GraphCapture.TRY, ok, _raising_build)
+    monkeypatch.setitem(BACKENDS, "wrong", wrong)
+    monkeypatch.setitem(BACKENDS, "boom", boom)
+
+
+def test_run_reports_and_plots(tmp_path, extra_backends):
+    from moe2cta.serving_bench.plots import write_plots
+    from moe2cta.serving_bench.report import terminal_report, write_reports
+    from moe2cta.serving_bench.runner import CaseStatus, RunConfig, run_benchmark
+
+    trace = TraceConfig(num_requests=6, arrival_rate=100.0, mean_prompt_tokens=12, mean_output_tokens=3,
+                        max_prompt_tokens=40, max_output_tokens=8, token_budget=32, max_running=8)
+    run = RunConfig(
+        models=(custom_preset(TINY),),
+        sweep_tokens=(1, 8),
+        distributions=(RoutingDistribution.parse("uniform"), RoutingDistribution.parse("hot")),
+        backends=("torch-loop", "grouped-mm", "wrong", "boom", "triton"),
+        device=torch.device("cpu"),
+        ceilings=DEFAULT_CEILINGS,
+        timing=FAST_TIMING,
+        trace=trace,
+        dtype=torch.float32,
+    )
+    labels = []
+    bench = run_benchmark(run, labels.append)
+    n_tokens = len(set(run.sweep_tokens) | set(bench.trace_stats.buckets))
+    assert len(bench.results) == len(labels) == 2 * 5 * n_tokens
+    by = {}
+    for r in bench.results:
+        by.setdefault(r.backend, set()).add(r.status)
+    assert by["torch-loop"] == {CaseStatus.OK} and by["grouped-mm"] == {CaseStatus.OK}
+    assert by["wrong"] == {CaseStatus.WRONG} and by["boom"] == {CaseStatus.ERROR}
+    assert by["triton"] == {CaseStatus.UNAVAILABLE}
+    ok = [r for r in bench.results if r.status is CaseStatus.OK]
+    assert all(r.median_us > 0 and r.floor_us > 0 and r.ratio > 0 and r.samples_us for r in ok)
+    assert all(r.median_us is None for r in bench.results if r.status is not CaseStatus.OK)  # wrong: not timed
+    traced = {(t.backend, t.distribution): t for t in bench.trace_results}
+    assert traced[("torch-loop", "hot")].latency.p99_us >= traced[("torch-loop", "hot")].latency.p50_us > 0
+    assert traced[("wrong", "uniform")].latency is None
+
+    text = terminal_report(bench)
+    assert "WRONG" in text and "ERROR" in text and "kernel exploded" in text and "n/a" in text
+    assert "1.10x" in text and "hot" in text and "p99 us" in text
+    plots, message = write_plots(bench, tmp_path)
+    assert message == "" and set(plots) == {"latency", "heatmap"}
+    paths = write_reports(bench, tmp_path, plots)
+    data = json.loads(paths["json"].read_text())
+    assert len(data["results"]) == len(bench.results) and data["trace"]["stats"]["num_steps"] > 0
+    assert data["backends"]["triton"]["available"] is False and data["summary"]["torch-loop"]["cells_ok"] == 4
+    md = paths["markdown"].read_text()
+    assert "| T |" in md and "![latency](latency.png)" in md and "Serving trace" in md
+    import matplotlib.image
+
+    for name in ("latency.png", "heatmap.png"):
+        image = matplotlib.image.imread(tmp_path / name)
+        assert image.shape[0] > 100 and image.shape[1] > 100 and float(np.std(image)) > 0.01
+
+
+def test_cli_runs_on_cpu(tmp_path, capsys):
+    from moe2cta.serving_bench.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["--device", "cpu", "--custom", TINY, "--tokens", "1,4", "--backends", "torch-loop,grouped-mm",
+               "--routing", "balanced", "--time-per-case", "0.002", "--max-samples", "4", "--out", str(out),
+               "--progress", "off", "--no-plots"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "No CUDA GPU" in printed and "balanced" in printed and "grouped-mm" in printed
+    assert (out / "results.json").is_file() and (out / "report.md").is_file()
+    assert main(["--list", "--device", "cpu"]) == 0
+    assert "deepseek-v3" in capsys.readouterr().out
+
+
+def test_cli_default_plan_on_cpu():
+    from moe2cta.serving_bench.cli import build_parser, plan_from_args
+
+    run, notes = plan_from_args(build_parser().parse_args(["--device", "cpu"]))
+    assert [m.name for m in run.models] == ["custom-256-128-16-4"] and run.dtype == torch.float32
+    assert run.backends == backends_mod.DEFAULT_CPU_BACKENDS and run.sweep_tokens[0] == 1
+    assert any("No CUDA GPU" in n for n in notes)
+    full, _ = plan_from_args(build_parser().parse_args(["--device", "cpu", "--models", "all", "--full", "--scenario", "trace"]))
+    assert len(full.models) == 5 and full.trace is not None and full.sweep_tokens == ()
+    with pytest.raises(ValueError, match="model"):
+        plan_from_args(build_parser().parse_args(["--device", "cpu", "--models", "llama"]))
+
+
+# --- GPU path ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_ceilings_and_graph_timing():
+    from moe2cta.serving_bench.floors import measure_ceilings
+
+    c = measure_ceilings(torch.device("cuda"), copy_bytes=1 << 28, matmul_size=4096)
+    assert c.source is CeilingSource.MEASURED and 1e11 < c.bandwidth < 2e13 and 1e13 < c.matmul_flops < 1e16
+    preset = custom_preset("512,256,16,4")
+    weights = make_expert_weights(preset, "cuda", seed=0)
+    fn = BACKENDS["grouped-mm"].build(preset, weights)
+    ok, why = BACKENDS["grouped-mm"].availability(torch.device("cuda"))
+    if not ok:
+        pytest.skip(why)
+    inputs = [(torch.randn(64, 512, device="cuda", dtype=torch.bfloat16), torch.randn(64, 16, device="cuda")) for _ in range(2)]
+    result = time_callable(fn, inputs, torch.device("cuda"), FAST_TIMING, GraphCapture.TRY)
+    assert result.mode is TimingMode.CUDA_GRAPH, result.note
+    assert all(math.isfinite(s) and s > 0 for s in result.samples_us)

@@ -1,0 +1,157 @@
+"""CPU tier of the sm90 CuTe grouped GEMM: host-side pieces, then compile for sm_90a and read the PTX.
+
+No GPU needed. The compile tests need nvidia-cutlass-dsl (skipped with a reason otherwise): one small
+kernel per epilogue / work unit / scheduler, and the default GEMM1 of every model preset, each checked
+for wgmma.mma_async, TMA loads (cp.async.bulk.tensor, .multicast::cluster for pair units), mbarrier
+waits and TMA stores; one is exported as a bundle entry (shared library + PTX + manifest).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from moe2cta.grouped_gemm import Activation
+from moe2cta.grouped_gemm import cute_runtime as rt
+from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
+from moe2cta.grouped_gemm.budget import WorkUnit
+from moe2cta.presets import PRESETS
+
+G1, G2 = s90.GemmKind.GEMM1, s90.GemmKind.GEMM2
+NEEDS_DSL = pytest.mark.skipif(not rt.dsl_available(), reason="nvidia-cutlass-dsl (CuTe DSL) is not installed")
+
+
+# ---------------------------------------------------------------------------------------------- host side
+def test_prepack_interleaves_gate_and_up_in_chunks_of_8():
+    e, inter, h = 2, 32, 5
+    w13 = torch.randn(e, 2 * inter, h)
+    packed = s90.prepack_w13(w13)
+    assert packed.shape == w13.shape
+    for c in range(inter // 8):
+        for j in range(8):
+            assert torch.equal(packed[:, 16 * c + j], w13[:, 8 * c + j])  # gate
+            assert torch.equal(packed[:, 16 * c + 8 + j], w13[:, inter + 8 * c + j])  # up
+
+
+def test_prepack_rejects_bad_shapes():
+    with pytest.raises(TypeError, match="w13"):
+        s90.prepack_w13(torch.randn(4, 8))
+    with pytest.raises(ValueError, match="2I"):
+        s90.prepack_w13(torch.randn(1, 24, 8))
+
+
+def test_can_implement_reasons():
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    assert s90.can_implement(s90.Sm90GemmConfig(), p1) == (True, "")
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=256), s90.Sm90Problem(G2, 2880, 2880, 128))
+    assert not ok and "tile_n" in why
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=96), p1)
+    assert not ok and "tile_m" in why
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(scheduler=s90.Scheduler.DYNAMIC), p1)
+    assert not ok and "DYNAMIC" in why
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(), s90.Sm90Problem(G1, 1536, 2048, 8, torch.float32, Activation.SWIGLU))
+    assert not ok and "dtype" in why
+
+
+def test_stage_count_fits_the_smem_budget():
+    for tile_m, tile_n in ((128, 256), (128, 192), (128, 128), (64, 256), (64, 64)):
+        cfg = s90.Sm90GemmConfig(tile_m=tile_m, tile_n=tile_n)
+        stages = s90.resolve_stages(cfg)
+        assert 2 <= stages <= 8
+        assert s90.smem_bytes(cfg, stages) <= 227 * 1024
+
+
+def test_every_preset_has_configs():
+    for preset in PRESETS.values():
+        configs = s90.preset_configs(preset)
+        assert len(configs) == 4
+        for cfg, problem in configs:
+            assert s90.can_implement(cfg, problem) == (True, "")
+
+
+def test_kernel_key_is_static_and_filesystem_safe():
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    key = s90.kernel_key(s90.Sm90GemmConfig(pair_threshold=1), p1)
+    assert key == s90.kernel_key(s90.Sm90GemmConfig(pair_threshold=999), p1)  # runtime value, not a key
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+", key.file_stem())
+    assert re.fullmatch(r"[A-Za-z0-9_]+", key.function_name())
+    other = s90.kernel_key(s90.Sm90GemmConfig(work_unit=WorkUnit.SINGLE), p1)
+    assert other.file_stem() != key.file_stem()
+
+
+def test_kernel_dir_reads_env_at_call_time(monkeypatch, tmp_path):
+    monkeypatch.delenv(rt.KERNEL_DIR_ENV, raising=False)
+    assert rt.kernel_dir() is None
+    monkeypatch.setenv(rt.KERNEL_DIR_ENV, str(tmp_path))
+    assert rt.kernel_dir() == tmp_path
+    assert rt.kernel_dir("/x") == rt.kernel_dir("/x")
+
+
+def test_kernel_cache_explains_how_to_build(monkeypatch, tmp_path):
+    monkeypatch.setenv(rt.KERNEL_DIR_ENV, str(tmp_path))
+    key = rt.KernelKey("sm90_grouped_gemm", "sm_90a", "bfloat16", 256, 128, 8, (128, 128, 64), (1, 1, 1), "swiglu")
+    with pytest.raises(RuntimeError, match="moe2cta.aot build"):
+        rt.KernelCache().get(key, None)
+    with pytest.raises(FileNotFoundError, match=key.file_stem()):
+        rt.load_kernel(key, tmp_path)
+
+
+def test_aot_cli_rejects_unknown_model():
+    from moe2cta import aot
+
+    with pytest.raises(ValueError, match="model"):
+        aot.build("no-such-model", "sm_90a", "/tmp/unused")
+
+
+# ---------------------------------------------------------------------------------------------- compile
+SMALL = [  # (name, config, problem): one per epilogue, work unit and scheduler
+    ("swiglu_pair", s90.Sm90GemmConfig(tile_n=128), s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
+    ("gelu_single_fp16", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.SINGLE),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.float16, Activation.GELU_GATED)),
+    ("oai_bias_dynamic", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, has_bias=True)),
+    ("rowscale_bias_pair", s90.Sm90GemmConfig(tile_n=128), s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
+    ("plain_m64", s90.Sm90GemmConfig(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE), s90.Sm90Problem(G2, 128, 64, 4)),
+]
+
+
+def _check_ptx(ptx: str, multicast: bool, dynamic: bool):
+    assert ".target sm_90a" in ptx
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor.2d.shared::cta.global" in ptx  # TMA load of the token tile (A)
+    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::\w+\.global", ptx)  # TMA load of the weight tile (B)
+    assert "mbarrier.try_wait" in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx  # TMA store of the epilogue
+    assert ("multicast::cluster" in ptx) == multicast
+    assert ("atom.global" in ptx or "red.global" in ptx) == dynamic
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("name,config,problem", SMALL, ids=[s[0] for s in SMALL])
+def test_compile_small_and_check_ptx(name, config, problem):
+    compiled = s90.compile_kernel(config, problem, keep_ptx=True)
+    _check_ptx(compiled.__ptx__, config.work_unit is WorkUnit.PAIR, config.scheduler is s90.Scheduler.DYNAMIC)
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("model", sorted(PRESETS))
+def test_compile_preset_gemm1(model):
+    config, problem = s90.preset_configs(PRESETS[model])[0]
+    compiled = s90.compile_kernel(config, problem, keep_ptx=True)
+    _check_ptx(compiled.__ptx__, multicast=True, dynamic=False)
+
+
+@NEEDS_DSL
+def test_export_writes_library_ptx_and_manifest(tmp_path):
+    name, config, problem = SMALL[0]
+    compiled = s90.compile_kernel(config, problem, keep_ptx=True)
+    key = s90.kernel_key(config, problem)
+    path = rt.export_kernel(compiled, key, tmp_path, keep_ptx=True, smem_bytes=123)
+    assert path.exists() and path.suffix == ".so"
+    assert (tmp_path / f"{key.file_stem()}.ptx").read_text().count("wgmma.mma_async") > 0
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    entry = manifest[key.file_stem()]
+    assert entry["key"]["n"] == problem.n and entry["smem_bytes"] == 123
+    assert entry["function"] == key.function_name()

@@ -1,0 +1,55 @@
+"""GPU tier of the sm90 CuTe grouped GEMM: every check variant against the fp64 torch twin.
+
+Runs on an sm_90 GPU with either the CuTe DSL (JIT) or a prebuilt bundle in $MOE2CTA_KERNEL_DIR, built with
+`python serving_bench/hopper_gemm_bench.py build --out DIR` (it holds the kernels of these variants).
+Routings: random, skewed, zero-token experts, all rows on one expert. Output poisoned with NaN first.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+try:
+    from moe2cta.grouped_gemm.cute_runtime import dsl_available, kernel_dir, tvm_ffi_available
+    from moe2cta.serving_bench import hopper_gemm_bench as bench
+except ImportError:  # bare checkout on the GPU host
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serving_bench"))
+    import hopper_gemm_bench as bench  # type: ignore[no-redef]
+    from grouped_gemm.cute_runtime import dsl_available, kernel_dir, tvm_ffi_available  # type: ignore[no-redef]
+
+
+def _skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return f"needs an sm_90 GPU, found {torch.cuda.get_device_name()}"
+    directory = kernel_dir()
+    has_bundle = directory is not None and directory.is_dir() and tvm_ffi_available()
+    if not (dsl_available() or has_bundle):
+        return "neither the CuTe DSL nor a kernel bundle ($MOE2CTA_KERNEL_DIR) is available"
+    return None
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90, pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))]
+
+VARIANTS = bench.check_variants()
+
+
+class _NoWatchdog:
+    seconds = 0
+
+    def arm(self, label, seconds=None):
+        pass
+
+
+@pytest.mark.parametrize("routing", ["random", "skewed", "zero_experts", "one_expert"])
+@pytest.mark.parametrize("name,config,problem", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_matches_twin(name, config, problem, routing):
+    gen = torch.Generator().manual_seed(hash((name, routing)) % 2**31)
+    result = bench.check_one(name, config, problem, routing, None, gen, _NoWatchdog())
+    assert result["unwritten_rows"] == 0, result
+    assert result["repeat_identical"], result
+    assert result["err"] <= 2 * result["err_torch_bf16"] + 1e-3, result
