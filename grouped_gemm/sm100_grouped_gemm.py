@@ -53,6 +53,7 @@ import enum
 import functools
 import math
 import re
+import shutil
 
 import torch
 
@@ -815,6 +816,8 @@ def compile_kernel(config: Sm100GemmConfig, problem: Sm100Problem, *, keep_ptx: 
                             cutlass.Int32(NO_UPPER_BOUND), make_fake_stream(use_tvm_ffi_env_stream=True),
                             options=options)
     ptx = _compiled_ptx(compiled) if keep_ptx else ""
+    if keep_ptx and dump_dir is None:  # the PTX text stays on the compiled object
+        shutil.rmtree(keep_dir, ignore_errors=True)
     report = CompileReport(
         smem_bytes=_ir_launch_smem_bytes(str(compiled.ir_module)),
         tmem_alloc_columns=_ptx_tmem_alloc_columns(ptx) if ptx else None,

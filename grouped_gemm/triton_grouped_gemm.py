@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_TILE_HEIGHTS",
     "GemmStage",
     "GroupedGemmProblem",
+    "TileLoad",
     "TritonGemmConfig",
     "can_implement",
     "default_config",
@@ -60,6 +61,13 @@ _MAX_ACC_REGS_PER_THREAD = 128  # fp32 accumulator registers a thread may hold b
 _OAI_ALPHA = tl.constexpr(SWIGLU_OAI_ALPHA)
 _OAI_LIMIT = tl.constexpr(SWIGLU_OAI_LIMIT)
 _ACTIVATION_CODE = {Activation.SWIGLU: 0, Activation.GELU_GATED: 1, Activation.SWIGLU_OAI: 2}
+
+
+class TileLoad(enum.Enum):
+    """How a program brings its A and weight tiles into shared memory."""
+
+    POINTER = "pointer"  # tl.load of pointer tensors; Triton pipelines them with async copies
+    TMA = "tma"  # tensor descriptors (bulk tensor copies, sm_90+) for the weights and, without a_rows, A
 
 
 class GemmStage(enum.Enum):
@@ -101,13 +109,14 @@ class TritonGemmConfig:
     num_stages: int = 3
     group_m: int = 8  # m-tiles that sweep the N tiles together (tile raster)
     programs_per_sm: int = 1  # persistent grid = num_SMs * programs_per_sm (capped by the tile bound)
+    tile_load: TileLoad = TileLoad.POINTER
 
     def smem_bytes(self, problem: GroupedGemmProblem) -> int:
         elem = torch.finfo(problem.dtype).bits // 8
         per_stage = (self.block_m * self.block_k + problem.weight_blocks * self.block_n * self.block_k) * elem
         # Triton 3.x on sm_90: the wgmma path (block_m >= 64) keeps num_stages buffers of A and B, the
-        # mma.sync path (block_m 16) num_stages - 1 (one stage lives in registers). Checked on compiled
-        # kernels; other versions or GPUs may differ slightly (Triton then refuses to launch).
+        # mma.sync path (block_m 16) num_stages - 1, with pointer loads and with TMA alike. Checked on
+        # compiled kernels; other versions or GPUs may differ slightly (Triton then refuses to launch).
         buffers = self.num_stages if self.block_m >= 64 else max(1, self.num_stages - 1)
         return buffers * per_stage
 
@@ -138,6 +147,10 @@ def can_implement(config: TritonGemmConfig, problem: GroupedGemmProblem) -> tupl
         return False, f"num_warps {config.num_warps} > 16"
     if config.num_stages < 1 or config.programs_per_sm < 1:
         return False, "num_stages and programs_per_sm must be >= 1"
+    if not isinstance(config.tile_load, TileLoad):
+        return False, f"tile_load: expected a TileLoad, got {config.tile_load!r}"
+    if config.tile_load is TileLoad.TMA and (problem.k * (torch.finfo(problem.dtype).bits // 8)) % 16:
+        return False, f"tile_load TMA needs K * element size divisible by 16 bytes (K = {problem.k})"
     smem = config.smem_bytes(problem)
     if smem > problem.smem_per_block:
         return False, f"shared memory {smem} B for {config.num_stages} stages > {problem.smem_per_block} B"
@@ -161,43 +174,43 @@ def _nearest_height(wanted: int, heights: tuple[int, ...]) -> int:
 def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
     """Analytic choice by rows-per-active-expert bucket (decode / small / prefill), never by exact M.
 
-    Tuned on an H200 (docs/perf-notes-triton.md, qwen3-30b-a3b and mixtral-8x7b, T = 1..4096):
+    Tuned on an H200 (docs/perf-notes-triton.md: qwen3-30b-a3b and mixtral-8x7b, T = 1..4096):
     - decode (<= 16 rows per active expert) streams the active experts' weights: block_m 16, block_k 256,
-      and the widest block_n <= 64 that still gives ~every SM a tile (fewer, wider tiles leave SMs idle;
-      more, narrower ones add per-tile latency).
-    - small (<= 64 rows): 64 x 128 x 64 tiles.
-    - prefill: 128-row tiles; GEMM1 128 x 128 (two accumulators: 128 x 256 of gate/up work per tile),
-      GEMM2 128 x 256.
-    programs_per_sm is what the shared memory lets reside (at most 2).
+      block_n 64 unless that leaves over half of the SMs without a tile (then 32, 16), TMA weight loads.
+    - small (<= 64 rows): 64 x 128 x 64 tiles, pointer loads.
+    - prefill: 128-row tiles with TMA loads; GEMM1 128 x 128 (two accumulators: 128 x 256 of gate/up
+      work per tile), GEMM2 128 x 256.
+    Decode and small launch 2 programs per SM even where one fits: the waiting programs start as others
+    finish, which evens out the tiles per SM. TMA needs K * element size % 16 == 0, else pointer loads.
     """
     active = max(1.0, _expected_active_experts(problem.routed_rows, problem.num_experts))
     rows_per_active = problem.routed_rows / active
+    tma = TileLoad.TMA
     if rows_per_active <= 16:
         block_m = _nearest_height(16, problem.tile_heights)
         m_tiles = active * max(1, math.ceil(rows_per_active / block_m))
         block_n = 16
         for candidate in (64, 32):
-            if m_tiles * math.ceil(problem.n / candidate) >= 0.9 * problem.num_sms:
+            if m_tiles * math.ceil(problem.n / candidate) >= 0.5 * problem.num_sms:
                 block_n = candidate
                 break
         block_k = 256 if problem.k >= 512 else 128
-        config = TritonGemmConfig(block_m, block_n, block_k, num_warps=4, num_stages=3, group_m=1)
+        config = TritonGemmConfig(block_m, block_n, block_k, 4, 3, group_m=1, programs_per_sm=2, tile_load=tma)
     elif rows_per_active <= 64:
         block_m = _nearest_height(64, problem.tile_heights)
-        config = TritonGemmConfig(block_m, 128, 64, num_warps=4, num_stages=3, group_m=8)
+        config = TritonGemmConfig(block_m, 128, 64, 4, 4, group_m=8, programs_per_sm=2)
     else:
         block_m = _nearest_height(128, problem.tile_heights)
-        if problem.stage is GemmStage.GEMM1:
-            config = TritonGemmConfig(block_m, 128, 64, num_warps=8, num_stages=4, group_m=8)
-        else:
-            config = TritonGemmConfig(block_m, 256, 64, num_warps=8, num_stages=3, group_m=8)
+        block_n = 128 if problem.stage is GemmStage.GEMM1 else 256
+        config = TritonGemmConfig(block_m, block_n, 64, 8, 4, group_m=8, programs_per_sm=1, tile_load=tma)
+    if config.tile_load is TileLoad.TMA and not can_implement(config, problem)[0]:
+        config = dataclasses.replace(config, tile_load=TileLoad.POINTER)
     # Shrink stages (then block_k) until it fits the device's shared memory.
     while not can_implement(config, problem)[0] and config.num_stages > 2:
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)
     while not can_implement(config, problem)[0] and config.block_k > 32:
         config = dataclasses.replace(config, block_k=config.block_k // 2)
-    resident = max(1, min(2, problem.smem_per_block // max(1, config.smem_bytes(problem))))
-    return dataclasses.replace(config, programs_per_sm=resident)
+    return config
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -214,17 +227,17 @@ def _add(x, y):
 
 
 def _grouped_gemm_kernel(
-    a_ptr, a_rows_ptr, w_ptr, bias_ptr, row_scale_ptr, out_ptr,
+    a_ptr, a_rows_ptr, w_ptr, bias_ptr, row_scale_ptr, out_ptr, a_desc, w_desc,
     row_offsets_ptr, counts_ptr, tile_offsets_ptr,
     num_experts, N, K,
     stride_am, stride_ak,
-    stride_we, stride_wn, stride_wk, up_offset,
+    stride_we, stride_wn, stride_wk, up_offset, w_rows_per_expert,
     stride_be, stride_bn,
     stride_om, stride_on,
     num_programs,
     GATED: tl.constexpr, ACTIVATION: tl.constexpr, GATHER: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_E: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_E: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -272,21 +285,34 @@ def _grouped_gemm_kernel(
             acc_up = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
 
+        a_row0 = row_base + local_tile * BLOCK_M  # first row of the tile (TMA: rows past the end read 0)
+        w_row0 = expert * w_rows_per_expert + n_tile * BLOCK_N  # in the [E * rows, K] view of the weights
         for k0 in range(0, K, BLOCK_K):
-            if EVEN_K:
+            # A tile [BLOCK_M, BLOCK_K]
+            if A_TMA:
+                a = a_desc.load([a_row0, k0])
+            elif EVEN_K:
                 if GATHER:
                     a = tl.load(a_ptrs, mask=a_row_ok[:, None], other=0.0)
                 else:
                     a = tl.load(a_ptrs)
-                wg = tl.load(wg_ptrs)
-                if GATED:
-                    wu = tl.load(wu_ptrs)
             else:
                 k_ok = (k0 + offs_k) < K
                 if GATHER:
                     a = tl.load(a_ptrs, mask=a_row_ok[:, None] & k_ok[None, :], other=0.0)
                 else:
                     a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            # weight tiles [BLOCK_K, BLOCK_N] (gate, and up for GEMM1)
+            if W_TMA:
+                wg = tl.trans(w_desc.load([w_row0, k0]))
+                if GATED:
+                    wu = tl.trans(w_desc.load([w_row0 + N, k0]))
+            elif EVEN_K:
+                wg = tl.load(wg_ptrs)
+                if GATED:
+                    wu = tl.load(wu_ptrs)
+            else:
+                k_ok = (k0 + offs_k) < K
                 wg = tl.load(wg_ptrs, mask=k_ok[:, None], other=0.0)
                 if GATED:
                     wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
@@ -364,6 +390,17 @@ def _check_int32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: tor
         raise ValueError(f"{name}: expected a contiguous tensor")
 
 
+def _tma_usable(a: torch.Tensor, w: torch.Tensor, gather: bool) -> bool:
+    """Tensor descriptors need sm_90+, contiguous weights and 16-byte aligned rows (of a, unless gathered)."""
+    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] < 9:
+        return False
+    if not w.is_contiguous() or w.data_ptr() % 16:
+        return False
+    if not gather and (a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16):
+        return False
+    return True
+
+
 def _launch(
     stage: GemmStage,
     a: torch.Tensor,
@@ -428,6 +465,7 @@ def _launch(
                          f"{out.dtype} {list(out.shape)} on {out.device}")
 
     num_sms, smem = _limits_for(device)
+    config_given = config
     if config is None:
         # routed_rows estimate for the bucket: max_rows minus the worst-case padding (static facts only).
         problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max(0, max_rows - num_experts * 127),
@@ -436,6 +474,8 @@ def _launch(
     else:
         problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max_rows, a.dtype, tile_heights, num_sms,
                                      smem)
+    if config_given is None and config.tile_load is TileLoad.TMA and not _tma_usable(a, w, a_rows is not None):
+        config = dataclasses.replace(config, tile_load=TileLoad.POINTER)  # the heuristic falls back quietly
     ok, reason = can_implement(config, problem)
     if not ok:
         raise ValueError(f"config: {reason}")
@@ -446,14 +486,26 @@ def _launch(
     n_tiles = -(-n_dim // config.block_n)
     tile_bound = (-(-max_rows // config.block_m) + num_experts) * n_tiles
     num_programs = max(1, min(num_sms * config.programs_per_sm, tile_bound))
+    a_desc = w_desc = None
+    if config.tile_load is TileLoad.TMA:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if not w.is_contiguous() or w.data_ptr() % 16:
+            raise ValueError(f"{w_name}: tile_load TMA needs a contiguous, 16-byte aligned tensor")
+        w_desc = TensorDescriptor.from_tensor(w.view(num_experts * w_rows, k_dim), [config.block_n, config.block_k])
+        if a_rows is None:
+            if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
+                raise ValueError("a: tile_load TMA needs unit column stride and 16-byte aligned rows")
+            a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
     dummy = out  # stands in for absent optional pointers (never read: their constexpr flag is off)
     _kernel()[(num_programs,)](
         a, a_rows if a_rows is not None else dummy, w,
         bias if bias is not None else dummy, row_scale if row_scale is not None else dummy, out,
+        a_desc, w_desc,
         row_offsets, counts, tile_offsets[h_index],
         num_experts, n_dim, k_dim,
         a.stride(0), a.stride(1),
-        w.stride(0), w.stride(1), w.stride(2), n_dim * w.stride(1),
+        w.stride(0), w.stride(1), w.stride(2), n_dim * w.stride(1), w_rows,
         bias.stride(0) if bias is not None else 0, bias.stride(1) if bias is not None else 0,
         out.stride(0), out.stride(1),
         num_programs,
@@ -465,6 +517,7 @@ def _launch(
         EVEN_K=k_dim % config.block_k == 0,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_E=max(16, 1 << (num_experts - 1).bit_length()),
+        A_TMA=a_desc is not None, W_TMA=w_desc is not None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

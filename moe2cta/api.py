@@ -373,22 +373,15 @@ def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     return _combine_gpu(layer, y, disp, topk_weights, hidden)
 
 
-def _cute_module(device: torch.device):
-    capability = torch.cuda.get_device_capability(device)
-    return _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")[0], CUTE_ARCH_MODULES[capability]
-
-
 def _prepare_cute(layer: "MoELayer") -> dict:
-    """Prepack w13 (gate / up interleaved per N tile) once; the public w13 is kept as given."""
-    module, name = _cute_module(layer.w13.device)
+    """Prepack w13 (gate / up interleaved in row chunks, for the fused activation) once at load; the public
+    w13 is kept as given. b13 stays public: the family packs it per call (a few KB)."""
+    capability = torch.cuda.get_device_capability(layer.w13.device)
+    module = _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")[0]
     prepack = getattr(module, "prepack_w13", None)
     if prepack is None:  # one packed format for both families (gate / up chunks of 8 rows)
         prepack = _optional_module("grouped_gemm.sm90_grouped_gemm")[0].prepack_w13
-    prepared = {"module": module, "packed_w13": prepack(layer.w13), "b13": layer.b13}
-    prepack_bias = getattr(module, "prepack_b13", None)
-    if layer.b13 is not None and prepack_bias is not None:
-        prepared["b13"] = prepack_bias(layer.b13)
-    return prepared
+    return {"module": module, "packed_w13": prepack(layer.w13)}
 
 
 def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
@@ -401,7 +394,7 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     top_k = topk_ids.shape[1]
     scale = topk_weights if config.router_weight_on is RouterWeightOn.INPUT else None
     a1 = _router_api().gather(hidden, disp, top_k, scale=scale, backend=_triton_router_backend())
-    a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=prepared["b13"])
+    a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=layer.b13)
     y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, b2=layer.b2)
     return _combine_gpu(layer, y, disp, topk_weights, hidden)
 

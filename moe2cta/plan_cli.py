@@ -44,7 +44,7 @@ def format_budget(ev: planner.Evaluation, problem: planner.GemmProblem) -> str:
            if c.unit is WorkUnit.PAIR else ""),
         f"  input buffer     {c.stages} stages x {_kib(b.input_stage_bytes)} = {_kib(b.input_buffer_bytes)} per CTA",
         f"  SMEM per CTA     {b.smem_bytes / planner.KiB:.1f} KiB of {b.smem_limit // planner.KiB} KiB "
-        f"(inputs {_kib(b.input_buffer_bytes)} + epilogue {_kib(b.epilogue_bytes)} + barriers/scheduler "
+        f"(inputs {_kib(b.input_buffer_bytes)} + epilogue {_kib(b.epilogue_bytes)} + barriers/scheduler/metadata "
         f"{_kib(b.bookkeeping_bytes)})",
         f"  per K stage      {b.flop_per_stage:,} FLOP per work unit; SMEM fill {_kib(b.unit_smem_stage_bytes)} "
         f"-> {b.intensity_smem:.1f} FLOP/B (L2 reads {_kib(b.unit_l2_stage_bytes)} -> {b.intensity_l2:.1f} FLOP/B)",

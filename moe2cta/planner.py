@@ -22,8 +22,9 @@ Accounting per CTA (all from grouped_gemm/budget.py):
   input stage    = A rows_per_cta x BK + B (sm_100 PAIR: BN/2 columns, 2-CTA MMA; otherwise BN) x BK, x 2 B.
                    (sm_90 PAIR with a pair_threshold runs single tiles in the same kernel with the same SMEM;
                    sm_100 runs them in a second, SINGLE launch: one more launch overhead.)
-  SMEM           = align1024(barriers + scheduler words) + stages x input stage + epilogue staging
-                   (rows_per_cta x epi_n x out bytes x epi_buffers), limit 227 KiB.
+  SMEM           = align1024(barriers + scheduler words [+ sm_90: row_offsets and counts, 4 x (2E+1) B])
+                   + stages x input stage + epilogue staging (rows_per_cta x epi_n x out bytes x epi_buffers),
+                   limit 227 KiB.
   TMEM (sm_100)  = block_n fp32 columns per accumulator slot (<= 128 rows per CTA = 128 lanes), x slots,
                    <= 512; tcgen05.alloc reserves the next power of two.
   registers      = sm_90: each consumer warpgroup holds 64 x BN fp32 = BN/2 registers per thread, budget
@@ -98,6 +99,7 @@ __all__ = [
     "check_limits",
     "predict",
     "evaluate",
+    "to_kernel_config",
     "FAMILY_DEFAULTS",
     "make_candidate",
     "enumerate_candidates",
@@ -290,8 +292,9 @@ class Candidate:
     """One configuration of a grouped GEMM kernel family.
 
     block_m is the tile height of the whole work unit (PAIR: both CTAs, 2 x rows_per_cta). For SINGLE
-    units pair_threshold is unused (0). accumulator_slots: TMEM slots on sm_100; on sm_90 the two
-    ping-pong consumer warpgroups (2 = epilogue overlapped with the next tile's mainloop).
+    units pair_threshold must be 0. accumulator_slots: TMEM accumulator slots on sm_100 (2: the epilogue of
+    one tile overlaps the next tile's MMAs); sm_90's cooperative consumer warpgroups hold one accumulator
+    per CTA (1). epi_n x epi_buffers: the epilogue's SMEM sub-tiles (rows_per_cta x epi_n each).
     """
 
     arch: Arch
@@ -435,6 +438,8 @@ def compute_budget(candidate: Candidate, problem: GemmProblem, hardware: Hardwar
     slots = c.accumulator_slots
     extra_barriers = 3 if arch is Arch.SM100 else 2  # scheduler (CLC or tile info) + TMEM handshake
     book = barrier_bytes(c.stages, slots, extra_barriers) + SCHEDULER_SMEM_BYTES
+    if arch is Arch.SM90:  # the sm_90 kernel copies row_offsets [E+1] and counts [E] (int32) into SMEM
+        book += 4 * (2 * p.num_experts + 1)
     book_aligned = math.ceil(book / SMEM_ALIGN) * SMEM_ALIGN
     smem = book_aligned + c.stages * stage + epi
 
@@ -714,6 +719,20 @@ def _bridge_kernel(module, candidate: Candidate, problem: GemmProblem):
     if not ok:
         return False, f"kernel {name}: {reason}", None
     return True, "", config
+
+
+def to_kernel_config(candidate: Candidate, problem: GemmProblem):
+    """The kernel family's config object for `candidate` (None while the family is absent).
+
+    Raises ValueError with the family's reason when the family cannot run the candidate.
+    """
+    module = _kernel_module(candidate.arch)
+    if module is None:
+        return None
+    ok, reason, config = _bridge_kernel(module, candidate, problem)
+    if not ok:
+        raise ValueError(f"candidate {candidate.label()}: {reason}")
+    return config
 
 
 def evaluate(candidate: Candidate, problem: GemmProblem, hardware: Hardware | None = None, *, use_kernels: bool = True) -> Evaluation:

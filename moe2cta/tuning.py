@@ -1,7 +1,8 @@
 """Optional autotuning of grouped GEMM configurations, bucketed by tokens per expert, cached in one file.
 
-Serving never tunes at start-up: `select_config` returns a cached measurement when there is one and the
-planner's heuristic (moe2cta/planner.py) otherwise, so nothing here needs a GPU unless `autotune` is called.
+Serving never tunes at start-up: `layer_configs` / `select_config` return a cached measurement when there
+is one and the planner's heuristic (moe2cta/planner.py) otherwise, with the kernel family's config object,
+so nothing here needs a GPU unless `autotune` is called.
 
 Buckets. Kernels are compiled against a symbolic M, so a configuration only has to suit a range of batch
 sizes: the key is the bucket of tokens per expert (rows / experts hit, rounded up to a power of two,
@@ -30,14 +31,16 @@ import os
 import pathlib
 import statistics
 import tempfile
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 from .grouped_gemm.budget import Arch, WorkUnit
+from .grouped_gemm.epilogue import Activation
 from . import planner
 
 __all__ = [
     "MAX_BUCKET",
     "BUCKETS",
+    "TUNE_BUCKETS",
     "token_bucket",
     "TuningKey",
     "TuningEntry",
@@ -46,7 +49,10 @@ __all__ = [
     "bucket_problem",
     "autotune",
     "select_config",
+    "epilogue_name",
+    "layer_configs",
     "cuda_event_timer",
+    "cute_runner",
     "candidate_from_dict",
 ]
 
@@ -54,6 +60,7 @@ FORMAT = "moe2cta-tuning"
 VERSION = 1
 MAX_BUCKET = 65536
 BUCKETS = tuple(2**i for i in range(17))  # 1 .. 65536 rows per expert
+TUNE_BUCKETS = tuple(b for b in BUCKETS if b <= 4096)  # autotune's default: larger buckets keep the heuristic
 
 
 def token_bucket(tokens_per_expert: float) -> int:
@@ -254,6 +261,59 @@ def cuda_event_timer(fn: Callable[[], None], warmup: int = 3, repeats: int = 20)
     return statistics.median(times)
 
 
+def _family_entry_points(arch: Arch):
+    """(grouped_gemm1, grouped_gemm2, prepack_w13) of the CuTe family of `arch` (imported on use)."""
+    from .grouped_gemm import sm90_grouped_gemm
+
+    if arch is Arch.SM90:
+        return sm90_grouped_gemm.sm90_grouped_gemm1, sm90_grouped_gemm.sm90_grouped_gemm2, sm90_grouped_gemm.prepack_w13
+    from .grouped_gemm import sm100_grouped_gemm
+
+    return sm100_grouped_gemm.sm100_grouped_gemm1, sm100_grouped_gemm.sm100_grouped_gemm2, sm90_grouped_gemm.prepack_w13
+
+
+def cute_runner(device: str = "cuda", seed: int = 0):
+    """A runner for `autotune` over the CuTe families: random inputs in the padded layout of docs/design.md.
+
+    runner(candidate, problem) builds A [rows, K] (rows per expert padded to max(128, block_m)), the
+    weights (made once per shape, reused by every candidate and bucket; GEMM1 prepacked), counts and
+    row offsets, and returns a callable running the family's grouped GEMM with the candidate's config.
+    Written for the GPU and only checked on the CPU with stand-in kernels (no device time was used).
+    """
+    import torch
+
+    weights: dict = {}
+
+    def runner(candidate: planner.Candidate, problem: planner.GemmProblem) -> Callable[[], None]:
+        config = planner.to_kernel_config(candidate, problem)
+        if config is None:
+            raise RuntimeError(f"cute_runner: no {candidate.arch.value} kernel family in this build")
+        gemm1, gemm2, prepack = _family_entry_points(candidate.arch)
+        dtype = getattr(torch, problem.dtype)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        align = max(128, candidate.block_m)
+        counts = torch.tensor(problem.counts, dtype=torch.int32)
+        row_offsets = torch.zeros(problem.num_experts + 1, dtype=torch.int32)
+        row_offsets[1:] = torch.cumsum((counts + align - 1) // align * align, 0)
+        rows = max(int(row_offsets[-1]), align)
+        a = torch.randn(rows, problem.k, device=device, dtype=dtype, generator=gen)
+        wkey = (problem.kind, problem.num_experts, problem.n, problem.k, problem.dtype)
+        if wkey not in weights:
+            w = torch.randn(problem.num_experts, problem.n, problem.k, device=device, dtype=dtype, generator=gen)
+            w.mul_(problem.k ** -0.5)
+            weights[wkey] = prepack(w) if problem.kind is planner.GemmKind.GEMM1 else w
+        w = weights[wkey]
+        out = torch.empty(rows, problem.out_columns, device=device, dtype=dtype)
+        offsets, counts = row_offsets.to(device), counts.to(device)
+        if problem.kind is planner.GemmKind.GEMM1:
+            activation = problem.activation or Activation.SWIGLU
+            return lambda: gemm1(a, w, offsets, counts, activation, out=out, config=config)
+        scale = torch.rand(rows, device=device, generator=gen) if problem.has_row_scale else None
+        return lambda: gemm2(a, w, offsets, counts, row_scale=scale, out=out, config=config)
+
+    return runner
+
+
 def autotune(
     key: TuningKey,
     kind: planner.GemmKind,
@@ -267,13 +327,17 @@ def autotune(
     save: bool = True,
     hardware: planner.Hardware | None = None,
     log: Callable[[str], None] | None = None,
+    **fields,
 ) -> dict[int, TuningEntry]:
     """Measure the planner's `top` candidates per bucket and store the fastest in the cache.
 
-    key: the static facts (its bucket field is replaced per bucket). runner(candidate, problem) prepares
-    inputs and returns a callable that runs the kernel once; timer(fn) returns seconds (default: CUDA
-    events). The heuristic's first choice is always among those timed, so tuning never does worse than
-    the model on the measured problem. Returns {bucket: entry}.
+    key: the static facts (its bucket field is replaced per bucket); buckets default to TUNE_BUCKETS (up to
+    4096 rows per expert: the representative problem of larger ones is too big to time cheaply).
+    runner(candidate, problem) prepares inputs and returns a callable that runs the kernel once (e.g.
+    cute_runner()); timer(fn) returns seconds (default: CUDA events). fields: further GemmProblem fields
+    (activation, has_bias, has_row_scale); the dtype comes from the key. The heuristic's first choice is
+    always among those timed, so tuning never does worse than the model on the measured problem.
+    Returns {bucket: entry}.
     """
     _check_not_capturing()
     arch = Arch.parse(arch)
@@ -284,9 +348,9 @@ def autotune(
     timer = timer or cuda_event_timer
     cache = cache if cache is not None else TuningCache()
     results: dict[int, TuningEntry] = {}
-    for bucket in (BUCKETS if buckets is None else tuple(buckets)):
+    for bucket in (TUNE_BUCKETS if buckets is None else tuple(buckets)):
         bkey = key.with_bucket(bucket)
-        problem = bucket_problem(kind, key.num_experts, key.n, key.k, bucket)
+        problem = bucket_problem(kind, key.num_experts, key.n, key.k, bucket, dtype=key.dtype, **fields)
         result = planner.search(problem, arch, hardware)
         if not result.ranked:
             if log:
@@ -328,15 +392,71 @@ def select_config(
     *,
     cache: TuningCache | None = None,
     hardware: planner.Hardware | None = None,
+    **fields,
 ) -> tuple[planner.Candidate, str]:
     """(candidate, source) for a key whose bucket came from token_bucket(rows / experts hit).
 
     source is "tuned" (from the cache) or "heuristic" (the planner's choice for the bucket's problem).
-    Cheap and GPU-free; call it outside CUDA-graph capture and keep the result per bucket.
+    Cheap and GPU-free; call it outside CUDA-graph capture and keep the result per bucket. fields: further
+    GemmProblem fields for the heuristic's problem (dtype, activation, has_bias, has_row_scale).
     """
     if cache is not None:
         entry = cache.get(key)
         if entry is not None:
             return entry.candidate, "tuned"
-    problem = bucket_problem(kind, key.num_experts, key.n, key.k, key.bucket)
+    problem = bucket_problem(kind, key.num_experts, key.n, key.k, key.bucket, **fields)
     return planner.search(problem, arch, hardware).chosen.candidate, "heuristic"
+
+
+def epilogue_name(kind: planner.GemmKind, activation=None, has_bias: bool = False, has_row_scale: bool = False) -> str:
+    """The cache key's epilogue: 'swiglu', 'swiglu_oai_bias', 'plain_rowscale', ... (as the kernel families name it)."""
+    if kind is planner.GemmKind.GEMM1:
+        name = Activation.parse(activation or Activation.SWIGLU).value
+    else:
+        name = "plain" + ("_rowscale" if has_row_scale else "")
+    return name + ("_bias" if has_bias else "")
+
+
+def layer_configs(
+    arch: Arch | str,
+    *,
+    hidden: int,
+    intermediate: int,
+    num_experts: int,
+    tokens_per_expert: float,
+    activation=None,
+    has_bias: bool = False,
+    dtype: str = "bfloat16",
+    gpu: str | None = None,
+    cache: TuningCache | None = None,
+    hardware: planner.Hardware | None = None,
+) -> dict[str, tuple[planner.Evaluation, str]]:
+    """{"gemm1": (evaluation, source), "gemm2": ...} for one MoE layer at a tokens-per-expert load.
+
+    The configuration comes from the cache when it holds the bucket (source "tuned"), else from the
+    planner (source "heuristic"); evaluation.kernel_config is the kernel family's config object (None while
+    that family is absent). GPU-free and cheap: call it once per bucket, outside CUDA-graph capture, and keep
+    the result. gpu: the cache key's GPU name (default: the planner's hardware name for `arch`).
+    """
+    arch = Arch.parse(arch)
+    hw = hardware or planner.HARDWARE[arch]
+    bucket = token_bucket(tokens_per_expert)
+    shapes = (
+        (planner.GemmKind.GEMM1, 2 * intermediate, hidden, dict(activation=activation, has_bias=has_bias)),
+        (planner.GemmKind.GEMM2, hidden, intermediate, dict(has_bias=has_bias, has_row_scale=True)),
+    )
+    out = {}
+    for kind, n, k, fields in shapes:
+        key = TuningKey(gpu or hw.name, dtype, num_experts, n, k, epilogue_name(kind, **fields), bucket)
+        problem = bucket_problem(kind, num_experts, n, k, bucket, dtype=dtype, **fields)
+        fields["dtype"] = dtype
+        candidate, source = select_config(key, kind, arch, cache=cache, hardware=hw, **fields)
+        evaluation = planner.evaluate(candidate, problem, hw)
+        if not evaluation.ok:  # a stale cache entry the current kernels reject: fall back to the heuristic
+            rejected = evaluation.reason
+            candidate, _ = select_config(key, kind, arch, cache=None, hardware=hw, **fields)
+            evaluation = planner.evaluate(candidate, problem, hw)
+            source = f"heuristic (cached {key.to_str()} rejected: {rejected})"
+        out[kind.value] = (evaluation, source)
+    return out
+

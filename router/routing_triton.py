@@ -220,6 +220,8 @@ def build_jit_namespace(module_globals: dict, names: tuple, extra: tuple = ()) -
         fn = module_globals[name]
         copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__, fn.__closure__)
         copy.__module__, copy.__qualname__, copy.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__
+        copy.__annotations__ = dict(fn.__annotations__)  # tl.constexpr marks live here (not in __code__)
+        copy.__kwdefaults__ = fn.__kwdefaults__
         namespace[name] = triton.jit(copy)
     return types.SimpleNamespace(**{name: namespace[name] for name in names})
 

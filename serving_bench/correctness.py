@@ -106,8 +106,13 @@ def make_reference(hidden, weights, routed, activation: Activation, *, max_rows:
     if rows.numel() == 0:
         raise ValueError("hidden: every sampled row has an ambiguous top-k; use another seed")
     args = (weights.w13, weights.w2, routed.topk_weights[rows], routed.topk_ids[rows], activation, weights.b13, weights.b2)
-    expected = moe_rows(hidden[rows], *args, compute_dtype=torch.float32)
-    twin = moe_rows(hidden[rows], *args, compute_dtype=hidden.dtype)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # an fp32 reference must not run in TF32
+    try:
+        expected = moe_rows(hidden[rows], *args, compute_dtype=torch.float32)
+        twin = moe_rows(hidden[rows], *args, compute_dtype=hidden.dtype)
+    finally:
+        torch.set_float32_matmul_precision(precision)
     twin_err = _rel_err(twin, expected)
     tolerance = max(TOLERANCE_FACTOR * twin_err, MIN_TOLERANCE.get(hidden.dtype, 2e-3))
     return ReferenceRows(rows, expected, tolerance, twin_err, ambiguous)

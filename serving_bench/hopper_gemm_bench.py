@@ -85,16 +85,18 @@ def bench_variants():
         p1 = Problem(G1, 2 * inter, hidden, experts, torch.bfloat16, Activation.SWIGLU)
         p2 = Problem(G2, hidden, inter, experts, torch.bfloat16, None, False, True)
         for tag, problem in (("gemm1", p1), ("gemm2", p2)):
+            rn = s90.Raster.ALONG_N
+            dyn = s90.Scheduler.DYNAMIC
             out += [
-                (f"{model}/{tag}/pair", Cfg(work_unit=WorkUnit.PAIR, pair_threshold=256), problem),
-                (f"{model}/{tag}/pair_always", Cfg(work_unit=WorkUnit.PAIR, pair_threshold=1), problem),
-                (f"{model}/{tag}/single", Cfg(work_unit=WorkUnit.SINGLE), problem),
-                (f"{model}/{tag}/dynamic", Cfg(work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC), problem),
-                (f"{model}/{tag}/m64n128", Cfg(tile_m=64, tile_n=128, work_unit=WorkUnit.SINGLE), problem),
-                (f"{model}/{tag}/m64n256", Cfg(tile_m=64, tile_n=256, work_unit=WorkUnit.SINGLE), problem),
-                (f"{model}/{tag}/n256_pair", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, pair_threshold=256), problem),
-                (f"{model}/{tag}/n256_dynamic", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE,
-                                                    scheduler=s90.Scheduler.DYNAMIC), problem),
+                (f"{model}/{tag}/m128n128_pair", Cfg(tile_n=128, work_unit=WorkUnit.PAIR), problem),
+                (f"{model}/{tag}/n256_pair", Cfg(tile_n=256, work_unit=WorkUnit.PAIR), problem),
+                (f"{model}/{tag}/n256_single", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE), problem),
+                (f"{model}/{tag}/n256_dynamic", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE, scheduler=dyn), problem),
+                (f"{model}/{tag}/n256_pair_rn", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, raster=rn), problem),
+                (f"{model}/{tag}/n256_single_rn", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE, raster=rn), problem),
+                (f"{model}/{tag}/n256_dynamic_rn", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE, scheduler=dyn, raster=rn),
+                 problem),
+                (f"{model}/{tag}/m64n256_rn", Cfg(tile_m=64, tile_n=256, work_unit=WorkUnit.SINGLE, raster=rn), problem),
             ]
     return out
 

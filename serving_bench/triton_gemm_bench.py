@@ -30,6 +30,7 @@ from moe2cta.grouped_gemm.triton_grouped_gemm import (
     DEFAULT_TILE_HEIGHTS,
     GemmStage,
     GroupedGemmProblem,
+    TileLoad,
     TritonGemmConfig,
     can_implement,
     default_config,
@@ -50,17 +51,20 @@ BANDWIDTH = 4.3e12  # H200 device-to-device copy measured here (KINDS.md)
 MATRIX_RATE = 790e12  # H200 bf16 8192^3 matmul on random data measured here (KINDS.md)
 
 
-def _cfg(bm, bn, bk, warps, stages, group_m=8, pps=1):
-    return TritonGemmConfig(bm, bn, bk, warps, stages, group_m, pps)
+def _cfg(bm, bn, bk, warps, stages, group_m=8, pps=1, load=TileLoad.POINTER):
+    return TritonGemmConfig(bm, bn, bk, warps, stages, group_m, pps, load)
+
+
+T = TileLoad.TMA
 
 
 # Candidate variants by bucket; the default config of each problem is always added.
 SWEEP = {
-    "decode": [_cfg(16, 16, 256, 4, 3, 1, 2), _cfg(16, 32, 256, 4, 4, 1, 2), _cfg(16, 64, 256, 4, 3, 1, 2),
+    "decode": [_cfg(16, 32, 256, 4, 4, 1, 2), _cfg(16, 64, 256, 4, 3, 1, 2, T), _cfg(16, 32, 256, 4, 3, 1, 2, T),
                _cfg(16, 128, 128, 4, 3, 1, 1), _cfg(16, 64, 128, 4, 4, 1, 2)],
-    "small": [_cfg(64, 64, 128, 4, 4, 4, 2), _cfg(64, 128, 64, 4, 4, 8, 1), _cfg(128, 128, 64, 8, 3, 8, 1)],
-    "prefill": [_cfg(128, 128, 64, 8, 3, 8, 1), _cfg(128, 128, 64, 8, 4, 16, 1), _cfg(128, 128, 128, 8, 2, 8, 1),
-                _cfg(128, 256, 64, 8, 4, 8, 1), _cfg(64, 128, 64, 4, 4, 8, 2), _cfg(128, 256, 64, 8, 3, 1, 1)],
+    "small": [_cfg(64, 128, 64, 4, 3, 8, 2, T), _cfg(64, 128, 64, 4, 4, 8, 2), _cfg(64, 128, 64, 4, 4, 8, 2, T)],
+    "prefill": [_cfg(128, 128, 64, 8, 4, 8, 1, T), _cfg(128, 128, 64, 8, 3, 8, 1, T), _cfg(128, 128, 64, 8, 3, 8, 1),
+                _cfg(128, 256, 64, 8, 3, 8, 1, T), _cfg(128, 256, 64, 8, 4, 8, 1, T), _cfg(64, 128, 64, 4, 4, 8, 2, T)],
 }
 
 
@@ -274,7 +278,8 @@ def main(argv=None) -> int:
                 for kind, config in variants(stage, case.shape, num_tokens):
                     for gather in gather_options(stage, kind, config):
                         row = dict(model=model, T=num_tokens, stage=stage.value, kind=kind, gather=gather,
-                                   config=dataclasses.asdict(config), floor_us=floor * 1e6,
+                                   config=dict(dataclasses.asdict(config), tile_load=config.tile_load.value),
+                                   floor_us=floor * 1e6,
                                    torch_us=t_torch * 1e6)
                         try:
                             run = case.runs[0]
@@ -297,12 +302,12 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
 
     print(f"# total {time.time() - t0:.1f} s")
-    print(f"{'model':14} {'T':>5} {'gemm':5} {'kind':7} {'g':1} {'BMxBNxBK w s gm p':22} {'err':>8} "
+    print(f"{'model':14} {'T':>5} {'gemm':5} {'kind':7} {'g':1} {'BMxBNxBK w s gm p L':22} {'err':>8} "
           f"{'us':>8} {'torch':>8} {'floor':>8} {'x floor':>7} {'TF/s':>6}")
     for r in rows:
         c = r["config"]
         cfg = f"{c['block_m']}x{c['block_n']}x{c['block_k']} {c['num_warps']} {c['num_stages']} " \
-              f"{c['group_m']} {c['programs_per_sm']}"
+              f"{c['group_m']} {c['programs_per_sm']} {c['tile_load'][0].upper()}"
         if "error" in r:
             print(f"{r['model']:14} {r['T']:>5} {r['stage']:5} {r['kind']:7} {int(r['gather'])} {cfg:22} "
                   f"ERROR {r['error'][:80]}")

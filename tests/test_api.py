@@ -1,8 +1,7 @@
 """Public API: fused_moe / MoELayer / route / is_supported / enums / CLI, on every backend this machine has.
 
 CPU tier: the TORCH backend against the fp32 twin; the TRITON backend under the Triton interpreter (in a
-subprocess with TRITON_INTERPRET=1, which Triton reads when kernels are decorated, so it cannot be switched
-on inside this process). GPU tier (marker gpu): every backend the device supports, no host sync on the hot
+subprocess with TRITON_INTERPRET=1, so the mode of this process and of the other test files is untouched). GPU tier (marker gpu): every backend the device supports, no host sync on the hot
 path, CUDA-graph replay with a changed routing.
 """
 from __future__ import annotations

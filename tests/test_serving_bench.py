@@ -379,10 +379,10 @@ def test_gpu_ceilings_and_graph_timing():
     assert c.source is CeilingSource.MEASURED and 1e11 < c.bandwidth < 2e13 and 1e13 < c.matmul_flops < 1e16
     preset = custom_preset("512,256,16,4")
     weights = make_expert_weights(preset, "cuda", seed=0)
-    fn = BACKENDS["grouped-mm"].build(preset, weights)
     ok, why = BACKENDS["grouped-mm"].availability(torch.device("cuda"))
     if not ok:
         pytest.skip(why)
+    fn = BACKENDS["grouped-mm"].build(preset, weights)
     inputs = [(torch.randn(64, 512, device="cuda", dtype=torch.bfloat16), torch.randn(64, 16, device="cuda")) for _ in range(2)]
     result = time_callable(fn, inputs, torch.device("cuda"), FAST_TIMING, GraphCapture.TRY)
     assert result.mode is TimingMode.CUDA_GRAPH, result.note

@@ -1,8 +1,9 @@
 """sm_100a grouped GEMM: config validity, resource model vs planner, and compile-only checks on CPU.
 
 No Blackwell GPU is needed: kernels are compiled for sm_100a on fake tensors with a symbolic row count and
-the PTX / host IR are inspected. The default tier compiles a representative subset; the full preset set
-(5 models x GEMM1/GEMM2 x PAIR/SINGLE, about 2 minutes on 2 cores) is marked slow.
+the PTX / host IR are inspected. The default tier compiles one kernel directly and the 4 kernels of
+qwen3-30b-a3b through the bundle command; the other presets (16 kernels, about 2 minutes on 2 cores) are
+marked slow.
 """
 import shutil
 import subprocess
@@ -152,8 +153,14 @@ def test_tile_plan_stores_every_valid_row_once(align, unit, threshold):
         assert valid <= set(written) and all(n == 1 for n in written.values())
 
 
+_COMPILED = {}
+
+
 def _check_compiled(config, problem):
-    compiled, report = sm100.compile_kernel(config, problem, keep_ptx=True)
+    """Compile once per (config, problem) in this session; check PTX, SMEM and TMEM against the planner."""
+    if (config, problem) not in _COMPILED:
+        _COMPILED[(config, problem)] = sm100.compile_kernel(config, problem, keep_ptx=True)
+    compiled, report = _COMPILED[(config, problem)]
     budget = _planner_budget(config, problem)
     expected = PAIR_PTX if config.unit is WorkUnit.PAIR else SINGLE_PTX
     for mnemonic in expected:
@@ -163,13 +170,6 @@ def _check_compiled(config, problem):
     assert report.smem_bytes == budget.smem_bytes == sm100.resource_use(config, problem).smem_bytes
     assert report.tmem_alloc_columns == budget.tmem_alloc_columns
     return compiled
-
-
-@needs_dsl
-@pytest.mark.parametrize("unit", [WorkUnit.PAIR, WorkUnit.SINGLE])
-def test_compile_qwen3_gemm1(unit):
-    problem = sm100.preset_problems(get_preset("qwen3-30b-a3b"))[0]
-    _check_compiled(sm100.default_config(problem, unit), problem)
 
 
 @needs_dsl
@@ -183,7 +183,7 @@ def test_compile_gpt_oss_gemm2_bias_row_scale_pair():
 
 @needs_dsl
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name", sorted(set(PRESETS) - {"qwen3-30b-a3b"}))  # qwen3-30b: test_aot_bundle_command
 def test_compile_every_preset(name):
     for problem, config in sm100.preset_configs(get_preset(name)):
         _check_compiled(config, problem)
@@ -191,9 +191,8 @@ def test_compile_every_preset(name):
 
 @needs_dsl
 @pytest.mark.slow
-@pytest.mark.parametrize("activation", [Activation.GELU_GATED, Activation.SWIGLU_OAI])
-def test_compile_other_activations_with_bias(activation):
-    problem = _gemm1(n=512, k=256, e=8, activation=activation, bias=True)
+def test_compile_gelu_gated_with_bias():
+    problem = _gemm1(n=512, k=256, e=8, activation=Activation.GELU_GATED, bias=True)
     _check_compiled(sm100.default_config(problem, WorkUnit.PAIR), problem)
 
 

@@ -16,6 +16,7 @@ from moe2cta.grouped_gemm.triton_grouped_gemm import (
     DEFAULT_TILE_HEIGHTS,
     GemmStage,
     GroupedGemmProblem,
+    TileLoad,
     TritonGemmConfig,
     can_implement,
     default_config,
@@ -392,4 +393,61 @@ def test_cuda_graph_replay_with_new_routing_gpu():
         a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype, device="cuda"))
         ref2 = grouped_gemm2_reference(a2.float(), w2.float(), disp["row_offsets"], disp["counts"], scale)
         same2 = grouped_gemm2_reference(a2, w2, disp["row_offsets"], disp["counts"], scale)
+        check_close(out2, ref2, same2, mask, floor_for(dtype))
+
+
+# TMA tile loads (tensor descriptors): CPU interpreter and, below in the GPU tier, on the device.
+TMA = TritonGemmConfig(block_m=64, block_n=32, block_k=64, num_warps=4, num_stages=2, group_m=2, tile_load=TileLoad.TMA)
+TMA16 = TritonGemmConfig(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2, group_m=1, tile_load=TileLoad.TMA)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_tma_tile_load_cpu(interpret, dtype):
+    """Weights (and A without a_rows) through tensor descriptors: K tail (96 in 64-deep steps), N tail, 64-row
+    tiles that run past an expert's rows and past the end of a."""
+    gen = torch.Generator().manual_seed(13)
+    num_experts, top_k, hidden_dim, inter = 5, 2, 96, 48
+    hidden = torch.randn(20, hidden_dim, generator=gen).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen) / hidden_dim**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden_dim, inter, generator=gen) / inter**0.5).to(dtype)
+    b13 = torch.randn(num_experts, 2 * inter, generator=gen).to(dtype)
+    disp = make_dispatch(random_topk(20, num_experts, top_k, generator=gen), num_experts, align=16)
+    mask = valid_mask(disp)
+    for config, use_a_rows in ((TMA, False), (TMA, True), (TMA16, False)):
+        out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU_OAI, b13=b13,
+                                      use_a_rows=use_a_rows, config=config)
+        check_close(out1, ref1, same1, mask, floor_for(dtype))
+        assert torch.isnan(out1[~mask]).all(), "padding rows were written"
+    a2 = torch.randn(disp["max_rows"], inter, generator=gen).to(dtype)
+    out2, ref2, same2 = run_gemm2(disp, a2, w2, torch.rand(disp["max_rows"], generator=gen), config=TMA)
+    check_close(out2, ref2, same2, mask, floor_for(dtype))
+    with pytest.raises(ValueError, match="w13"):
+        triton_grouped_gemm1(hidden, w13.transpose(1, 2).contiguous().transpose(1, 2), disp["row_offsets"],
+                             disp["counts"], disp["tile_offsets"], config=TMA,
+                             a_rows=torch.zeros(disp["max_rows"], dtype=torch.int32))
+    problem = GroupedGemmProblem(GemmStage.GEMM1, 4, 64, 100, 8, torch.float16)
+    ok, reason = can_implement(TMA, problem)
+    assert not ok and "TMA" in reason
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("num_tokens", [0, 1, 300, 5000])
+def test_tma_tile_load_gpu(num_tokens):
+    gen = torch.Generator(device="cuda").manual_seed(29 + num_tokens)
+    num_experts, top_k, hidden_dim, inter = 16, 4, 512, 320
+    dtype = torch.bfloat16
+    w13, w2, b13, b2 = _gpu_weights(num_experts, hidden_dim, inter, dtype, gen, bias=True)
+    hidden = torch.randn(num_tokens, hidden_dim, device="cuda", generator=gen).to(dtype)
+    disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, "cuda", "half", gen), num_experts)
+    mask = valid_mask(disp)
+    for config in (TritonGemmConfig(128, 128, 64, 8, 3, 8, 1, TileLoad.TMA),
+                   TritonGemmConfig(16, 64, 128, 4, 3, 1, 2, TileLoad.TMA)):
+        for use_a_rows in (False, True):
+            out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU, b13=b13,
+                                          use_a_rows=use_a_rows, config=config)
+            check_close(out1, ref1, same1, mask, floor_for(dtype))
+        a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype, device="cuda"))
+        out2, ref2, same2 = run_gemm2(disp, a2, w2, torch.rand(disp["max_rows"], device="cuda", generator=gen), b2,
+                                      config=config)
         check_close(out2, ref2, same2, mask, floor_for(dtype))
