@@ -10,11 +10,13 @@ Steps for a token block:
      or the raw logits (TOPK_SOFTMAX, SIGMOID_TOP1);
   3. group-limited selection (SIGMOID_GROUPED with groups): group score = sum of the two best keys of the
      group, keep the best topk_group groups, mask the other experts to -inf;
-  4. top-k by k rounds of arg-max: round j takes the largest key not yet taken, ties to the lower expert
-     index (a "taken" mask, not a -inf sentinel, so -inf and NaN rows still select distinct experts in
-     index order); NaN keys count as -inf, as in router/reference.py;
-  5. weights: the selected probabilities (SOFTMAX), softmax over the k selected logits (TOPK_SOFTMAX), or
-     sigmoid scores (SIGMOID_*); optional renormalization, then routed_scaling_factor.
+  4. top-k by k rounds of one int64 max: each key is packed as (order-preserving int32 image of the fp32
+     key) << 32 | (BLOCK_E - 1 - expert), so the max is the best key and ties go to the lower expert; the
+     winner is replaced by a "taken" value below every key, so -inf and NaN rows still select distinct
+     experts in index order. NaN keys count as -inf, as in router/reference.py;
+  5. weights: the selected probabilities (SOFTMAX; NaN for a row with a NaN), softmax over the k selected
+     logits (TOPK_SOFTMAX), or sigmoid scores (SIGMOID_*), from a k-element re-load of the selected logits
+     (NaN kept, no bias); optional renormalization, then routed_scaling_factor.
 
 Math is fp32. exp is libdevice expf on CUDA (faithfully rounded; Triton's tl.exp is ex2.approx there), and
 numpy's exp under TRITON_INTERPRET=1 (CPU tensors). Limits: E <= 512, k <= 16, k <= E.
@@ -56,6 +58,27 @@ def _exp_f32(x, USE_LIBDEVICE: tl.constexpr):
         return libdevice.exp(x)
     else:
         return tl.exp(x)
+
+
+_TAKEN = tl.constexpr(-9223372036854775807)  # below every packed key
+
+
+def _pack_keys(key, cols, BLOCK: tl.constexpr):
+    """int64 per (row, col) ordered like (key, -col): the max is the best key, ties to the lower col.
+    key: fp32 without NaN. The high word is the key's bits mapped to an order-preserving int32."""
+    key = tl.where(key == 0.0, 0.0, key)  # -0.0 ties with +0.0, as in torch
+    bits = key.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (BLOCK - 1 - cols)[None, :].to(tl.int64)
+
+
+def _unpack_index(packed, BLOCK: tl.constexpr):
+    return BLOCK - 1 - packed.to(tl.int32)  # low word
+
+
+def _unpack_key(packed):
+    ordered = (packed >> 32).to(tl.int32)
+    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
 def _argmax_untaken(key, taken, cols, BLOCK: tl.constexpr):
@@ -102,17 +125,14 @@ def route_token_block(
         xm = tl.where(col_ok[None, :], x, neg_inf)
         row_max = tl.max(xm, axis=1)
         p = _exp_f32(xm - row_max[:, None], USE_LIBDEVICE)
-        value = p / tl.sum(p, axis=1)[:, None]
-        raw_key = value
+        row_sum = tl.sum(p, axis=1)
+        raw_key = p / row_sum[:, None]
     elif SCORING == 2:  # SIGMOID_GROUPED: weights from sigmoid, selection on sigmoid + bias
-        value = 1.0 / (1.0 + _exp_f32(-x, USE_LIBDEVICE))
+        raw_key = 1.0 / (1.0 + _exp_f32(-x, USE_LIBDEVICE))
         if HAS_BIAS:
             bias = tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            raw_key = value + bias[None, :]
-        else:
-            raw_key = value
+            raw_key = raw_key + bias[None, :]
     else:  # TOPK_SOFTMAX, SIGMOID_TOP1: select on the logits
-        value = x
         raw_key = x
     key = tl.where(raw_key != raw_key, neg_inf, raw_key)  # NaN never beats a number
 
@@ -120,15 +140,14 @@ def route_token_block(
         per_group: tl.constexpr = NUM_EXPERTS // NUM_GROUPS
         group_of_col = cols // per_group
         gcols = tl.arange(0, BLOCK_G)
+        packed = _pack_keys(key, cols, BLOCK_E)
         group_scores = tl.full([BLOCK_T, BLOCK_G], neg_inf, tl.float32)
         for g in range(NUM_GROUPS):
-            in_group = (group_of_col == g) & col_ok
-            c = tl.where(in_group[None, :], key, neg_inf)
+            c = tl.where(((group_of_col == g) & col_ok)[None, :], packed, _TAKEN)
             best1 = tl.max(c, axis=1)
-            hit = (c == best1[:, None]) & in_group[None, :]
-            first = tl.min(tl.where(hit, cols[None, :], BLOCK_E), axis=1)
-            best2 = tl.max(tl.where(cols[None, :] == first[:, None], neg_inf, c), axis=1)
-            group_scores = tl.where(gcols[None, :] == g, (best1 + best2)[:, None], group_scores)
+            best2 = tl.max(tl.where(c == best1[:, None], _TAKEN, c), axis=1)
+            score = _unpack_key(best1) + _unpack_key(best2)
+            group_scores = tl.where(gcols[None, :] == g, score[:, None], group_scores)
         group_taken = tl.zeros([BLOCK_T, BLOCK_G], tl.int1) | (gcols >= NUM_GROUPS)[None, :]
         keep = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
         for _ in range(TOPK_GROUP):
@@ -137,16 +156,30 @@ def route_token_block(
             keep = keep | (group_of_col[None, :] == gbest[:, None])
         key = tl.where(keep, key, neg_inf)
 
-    taken = tl.zeros([BLOCK_T, BLOCK_E], tl.int1) | (cols >= NUM_EXPERTS)[None, :]
+    # Top-k: one int64 max per round (key bits, then the inverted index for ties to the lower index).
+    packed = tl.where(col_ok[None, :], _pack_keys(key, cols, BLOCK_E), _TAKEN)
     top_ids = tl.zeros([BLOCK_T, BLOCK_K], tl.int32)
     top_vals = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)
     for j in range(TOP_K):
-        best = _argmax_untaken(key, taken, cols, BLOCK_E)
-        sel = cols[None, :] == best[:, None]
-        taken = taken | sel
-        v = tl.sum(tl.where(sel, value, 0.0), axis=1)  # exact: one non-zero term, NaN kept
-        top_ids = tl.where(kcols[None, :] == j, best[:, None], top_ids)
-        top_vals = tl.where(kcols[None, :] == j, v[:, None], top_vals)
+        best = tl.max(packed, axis=1)
+        packed = tl.where(packed == best[:, None], _TAKEN, packed)
+        top_ids = tl.where(kcols[None, :] == j, _unpack_index(best, BLOCK_E)[:, None], top_ids)
+        top_vals = tl.where(kcols[None, :] == j, _unpack_key(best)[:, None], top_vals)
+
+    k_ok = kcols < TOP_K
+    out_offs = rows.to(tl.int64)[:, None] * TOP_K + kcols[None, :]
+    out_mask = row_ok[:, None] & k_ok[None, :]
+    # The selected keys are the scores except where NaN became -inf (and SIGMOID_GROUPED's bias): re-derive
+    # the weight sources from the selected logits (a k-element gather, same arithmetic as above).
+    if SCORING == 0:
+        top_vals = top_vals + (row_sum - row_sum)[:, None]  # a NaN anywhere makes every probability NaN
+    else:
+        x_sel = tl.load(logits_ptr + rows.to(tl.int64)[:, None] * stride_logits + top_ids, mask=out_mask,
+                        other=0.0).to(tl.float32)
+        if SCORING == 2:
+            top_vals = 1.0 / (1.0 + _exp_f32(-x_sel, USE_LIBDEVICE))
+        else:
+            top_vals = x_sel
 
     k_ok = kcols < TOP_K
     if SCORING == 1:  # TOPK_SOFTMAX: softmax over the k selected logits
@@ -162,9 +195,6 @@ def route_token_block(
         if RENORMALIZE:
             weights = weights / tl.sum(weights, axis=1)[:, None]
     weights = weights * routed_scaling_factor
-
-    out_offs = rows.to(tl.int64)[:, None] * TOP_K + kcols[None, :]
-    out_mask = row_ok[:, None] & k_ok[None, :]
     tl.store(weights_ptr + out_offs, weights, mask=out_mask)
     tl.store(ids_ptr + out_offs, top_ids, mask=out_mask)
 
@@ -199,7 +229,8 @@ def route_kernel(
     )
 
 
-_JIT_NAMES = ("_exp_f32", "_argmax_untaken", "route_token_block", "route_kernel")
+_JIT_NAMES = ("_exp_f32", "_pack_keys", "_unpack_index", "_unpack_key", "_argmax_untaken", "route_token_block",
+              "route_kernel")
 
 
 def triton_interpreting() -> bool:

@@ -347,10 +347,12 @@ def test_activations_bias_gpu(activation):
 
 @pytest.mark.gpu
 @gpu
-def test_cuda_graph_replay_with_new_routing_gpu():
-    """Capture GEMM1 (gather) + GEMM2 once; replay after rewriting the metadata buffers with a new routing."""
+@pytest.mark.parametrize("load", [None, TileLoad.POINTER, TileLoad.TMA])
+def test_cuda_graph_replay_with_new_routing_gpu(load):
+    """Capture GEMM1 (gather) + GEMM2 once; replay after rewriting the metadata buffers with a new routing.
+    load None: the default configs; else a 64-row config with that tile load."""
     gen = torch.Generator(device="cuda").manual_seed(23)
-    num_experts, top_k, hidden_dim, inter, num_tokens = 16, 4, 512, 256, 96
+    num_experts, top_k, hidden_dim, inter, num_tokens = 16, 4, 512, 256, 24  # decode bucket: TMA default
     dtype = torch.bfloat16
     w13, w2, _, _ = _gpu_weights(num_experts, hidden_dim, inter, dtype, gen)
     hidden = torch.randn(num_tokens, hidden_dim, device="cuda", generator=gen).to(dtype)
@@ -361,11 +363,13 @@ def test_cuda_graph_replay_with_new_routing_gpu():
     out1 = torch.empty(first["max_rows"], inter, dtype=dtype, device="cuda")
     out2 = torch.empty(first["max_rows"], hidden_dim, dtype=dtype, device="cuda")
 
+    config = None if load is None else TritonGemmConfig(64, 64, 64, 4, 3, 4, 2, load)
+
     def forward():
         triton_grouped_gemm1(hidden, w13, static["row_offsets"], static["counts"], static["tile_offsets"],
-                             a_rows=a_rows, out=out1)
+                             a_rows=a_rows, out=out1, config=config)
         triton_grouped_gemm2(out1, w2, static["row_offsets"], static["counts"], static["tile_offsets"],
-                             row_scale=scale, out=out2)
+                             row_scale=scale, out=out2, config=config)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
