@@ -72,9 +72,9 @@ class Sm90GemmConfig:
     tile_n: int = 256  # weight rows per CTA tile (GEMM1: gate+up interleaved, output tile_n / 2)
     tile_k: int = 64
     stages: int = 0  # 0: as many as the SMEM budget allows (at most 8)
-    work_unit: WorkUnit = WorkUnit.PAIR  # PAIR: (2,1,1) clusters, B multicast for experts >= threshold
+    work_unit: WorkUnit = WorkUnit.SINGLE  # PAIR: (2,1,1) clusters, B multicast for experts >= threshold
     scheduler: Scheduler = Scheduler.STATIC
-    raster: Raster = Raster.ALONG_M
+    raster: Raster = Raster.ALONG_N
     pair_threshold: int = 256  # runtime: experts with at least this many rows use pair units
 
     @property
@@ -178,16 +178,19 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     return True, ""
 
 
-def default_config(problem: Sm90Problem, scheduler: Scheduler = Scheduler.STATIC) -> Sm90GemmConfig:
-    """Analytic default (docs/perf-notes-sm90.md): 128-row tiles, the widest N tile that divides N.
+def default_config(
+    problem: Sm90Problem, scheduler: Scheduler = Scheduler.STATIC, work_unit: WorkUnit = WorkUnit.SINGLE
+) -> Sm90GemmConfig:
+    """Analytic default (docs/perf-notes-sm90.md): 128-row tiles, the widest N tile that divides N,
+    ALONG_N raster, SINGLE work units.
 
-    Measured on H200 (qwen3-30b-a3b shapes): 128x256 beats 128x128 at every token count (more weight bytes
-    per unit, half the A re-reads); 64-row tiles (one consumer warpgroup) lose even at decode sizes.
-    STATIC uses PAIR units (B multicast); DYNAMIC needs SINGLE units.
+    Measured on H200 (qwen3-30b-a3b shapes, T = 16..8192): 128x256 beats 128x128 everywhere; ALONG_N
+    (the n-blocks of one m-block back to back, so each token tile is read from HBM once) beats ALONG_M by
+    15-25%; 64-row tiles (one consumer warpgroup) lose even at decode sizes; PAIR units (B multicast)
+    tie at decode sizes and lose up to 20% at T=8192 with 128x256 tiles. DYNAMIC ties with STATIC.
     """
-    unit = WorkUnit.PAIR if scheduler is Scheduler.STATIC else WorkUnit.SINGLE
     for tile_n in (256, 192, 128, 64):
-        cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=unit, scheduler=scheduler)
+        cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=scheduler)
         if can_implement(cfg, problem)[0]:
             return cfg
     raise ValueError(f"problem: no sm90 configuration fits {problem}")
@@ -404,7 +407,7 @@ def sm90_grouped_gemm2(
 
 # ---------------------------------------------------------------------------------------------- presets
 def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
-    """The kernels a model preset needs: GEMM1 and GEMM2, each with the STATIC/PAIR default and DYNAMIC/SINGLE."""
+    """The kernels a model preset needs: GEMM1 and GEMM2, each as the default (STATIC, SINGLE), DYNAMIC and PAIR."""
     dtype = torch.bfloat16
     gemm1 = Sm90Problem(GemmKind.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, dtype,
                         preset.activation, preset.has_bias)
@@ -412,8 +415,12 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
                         None, preset.has_bias, True)
     out = []
     for problem in (gemm1, gemm2):
-        for scheduler in (Scheduler.STATIC, Scheduler.DYNAMIC):
-            cfg = default_config(problem, scheduler)
+        for scheduler, unit in (
+            (Scheduler.STATIC, WorkUnit.SINGLE),
+            (Scheduler.DYNAMIC, WorkUnit.SINGLE),
+            (Scheduler.STATIC, WorkUnit.PAIR),
+        ):
+            cfg = default_config(problem, scheduler, unit)
             if (cfg, problem) not in out:
                 out.append((cfg, problem))
     return out

@@ -19,15 +19,19 @@ Raster: tile ids are grouped by `group_m` m-tiles that sweep all N tiles togethe
 running together share A rows; large group_m: they share the weight tile of one expert).
 
 Warps and pipelines: no warp specialization; all `num_warps` warps of a program load and multiply. Triton
-software-pipelines the K loop `num_stages` deep (async copies into shared memory, the "full" side is the
-copy's completion, the "empty" side the previous dot's completion); tl.dot lowers to wgmma on sm_90 for
-block_m >= 64 and to mma.sync otherwise. Accumulation is fp32; the epilogue (bias, activation, row scale)
-runs on the fp32 accumulators and stores in the output dtype.
+software-pipelines the K loop `num_stages` deep: with TileLoad.POINTER through async copies (cp.async), with
+TileLoad.TMA through bulk tensor copies of host-built tensor descriptors (weights viewed as [E * rows, K];
+A as [max_rows, K] unless gathered through a_rows, which stays a pointer load); the "full" side of a stage is
+its copy's completion, the "empty" side the completion of the dot that read it. tl.dot lowers to wgmma on
+sm_90 for block_m >= 64 and to mma.sync otherwise. Accumulation is fp32; the epilogue (bias, activation,
+row scale) runs on the fp32 accumulators and stores in the output dtype.
 
 Limits: a and the weights share one dtype in {float16, bfloat16, float32} (float32 multiplies in IEEE
 fp32); rows are masked by counts[e], so only valid rows are read (A rows past the count are clamped to the
 last valid row) and written (padding rows of `out` keep what they held); block sizes are powers of two,
-block_k >= 16; any K and N (tails are masked); 64-bit addressing.
+block_k >= 16; any K and N (tails are masked; TMA: K * element size % 16 == 0, contiguous weights, rows of
+A 16-byte aligned, tails zero-filled by the copy engine); 64-bit addressing. The wrapper's default config
+estimates T * top_k as max_rows - E * 127 (align 128); with another align pass a config.
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ __all__ = ["RouterBackend", "DispatchScheme", "route", "dispatch", "route_dispat
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Fused route + dispatch runs in one program: worth it while one SM routes the tokens quickly.
-FUSED_MAX_TOKENS = 64
+FUSED_MAX_TOKENS = 16
 
 
 class RouterBackend(enum.Enum):
@@ -228,19 +228,21 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
         raise ValueError(f"block_slots: expected a power of two in [16, 4096], got {block_s}")
     num_blocks = max(1, _cdiv(num_slots, block_s))
     hist = torch.empty(num_blocks, num_bins, dtype=torch.int32, device=device)
-    adj = torch.empty(num_blocks, num_bins, dtype=torch.int32, device=device)
-    stripe = _cdiv(max_rows, num_blocks)
+    prefix = torch.empty(num_blocks, num_bins, dtype=torch.int32, device=device)
+    fill_block = 1024
+    stripe = _cdiv(_cdiv(max_rows, num_blocks), fill_block) * fill_block
     kernels.block_histogram_kernel[(num_blocks,)](
-        ids_flat, emap, hist, sorted_slots, num_slots, max_rows, stripe, BLOCK_S=block_s, FILL_BLOCK=1024,
+        ids_flat, emap, hist, sorted_slots, num_slots, max_rows, stripe, BLOCK_S=block_s, FILL_BLOCK=fill_block,
         num_warps=4, **base_meta,
     )
-    kernels.scan_kernel[(1,)](
-        hist, adj, counts, token_offsets, row_offsets, tile_offsets, num_blocks,
-        NUM_EXPERTS=base_meta["NUM_EXPERTS"], NUM_BINS=num_bins, BLOCK_B=max(1, 4096 // num_bins),
-        num_warps=8, **offset_meta,
+    scan_bins = min(32, num_bins)
+    kernels.scan_kernel[(num_bins // scan_bins,)](
+        hist, prefix, counts, num_blocks, NUM_EXPERTS=base_meta["NUM_EXPERTS"], NUM_BINS=num_bins,
+        SCAN_BINS=scan_bins, BLOCK_B=64, num_warps=4,
     )
     kernels.place_kernel[(num_blocks,)](
-        ids_flat, emap, adj, sorted_slots, slot_rows, num_slots, BLOCK_S=block_s, num_warps=4, **base_meta,
+        ids_flat, emap, prefix, counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows,
+        num_slots, BLOCK_S=block_s, num_warps=4, **base_meta, **offset_meta,
     )
 
 

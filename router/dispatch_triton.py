@@ -16,10 +16,11 @@ Two schemes, chosen on the host from T*k (static):
   multi block: three launches over blocks of BLOCK_S slots:
     1. `block_histogram_kernel`: per-block histograms hist[b, e]; also fills sorted_slots with -1
        (each program a stripe), so the fill is done before launch 3 writes the valid rows;
-    2. `scan_kernel` (one program): exclusive scan of hist over blocks (per expert) and over experts ->
-       counts, offsets; writes adj[b, e] = row_offsets[e] + rows of e in blocks < b - first position of e
-       in block b's sorted order;
-    3. `place_kernel`: per block, sort, row = p + adj[b, e]; scatter sorted_slots and slot_rows.
+    2. `scan_kernel` (one program per SCAN_BINS experts): exclusive scan of hist over blocks ->
+       prefix[b, e] (rows of expert e in blocks < b) and counts[e];
+    3. `place_kernel`: per block: prefix sums of the counts over experts (program 0 stores the offsets),
+       the block's histogram -> first position of e in its sorted order; scratch adj[e] = row_offsets[e]
+       + prefix[b, e] - that position; barrier; sort; row = p + adj[e]; scatter sorted_slots, slot_rows.
 
 Limits: E <= 512 (histogram bins), T*k < 2**31 / 1024, at most 4 tile heights.
 `route_dispatch_fused_kernel` (decode, small T): routing of all tokens + the single-program dispatch in
@@ -92,9 +93,13 @@ def _store_offsets(counts, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_
 
 
 def _fill_minus_one(ptr, start, stop, BLOCK: tl.constexpr):
-    for r0 in range(start, stop, BLOCK):
-        offs = r0 + tl.arange(0, BLOCK)
-        tl.store(ptr + offs, tl.full([BLOCK], -1, tl.int32), mask=offs < stop)
+    """sorted_slots[start:stop] = -1; start a multiple of BLOCK: full blocks unmasked (16-byte stores)."""
+    full_stop = start + (stop - start) // BLOCK * BLOCK
+    minus_one = tl.full([BLOCK], -1, tl.int32)
+    for r0 in range(start, full_stop, BLOCK):
+        tl.store(ptr + tl.multiple_of(r0, BLOCK) + tl.arange(0, BLOCK), minus_one)
+    offs = full_stop + tl.arange(0, BLOCK)
+    tl.store(ptr + offs, minus_one, mask=offs < stop)
 
 
 def _sort_and_scatter(keys, slot0, num_slots, adj_ptr, sorted_slots_ptr, slot_rows_ptr,
@@ -168,47 +173,50 @@ def block_histogram_kernel(
 
 
 def scan_kernel(
-    hist_ptr, adj_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr, num_blocks,
-    NUM_EXPERTS: tl.constexpr, ALIGN: tl.constexpr,
-    NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
-    NUM_BINS: tl.constexpr, BLOCK_B: tl.constexpr,
+    hist_ptr, prefix_ptr, counts_ptr, num_blocks,
+    NUM_EXPERTS: tl.constexpr, NUM_BINS: tl.constexpr, SCAN_BINS: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
-    """Grid: (1,). adj[b, e] = row_offsets[e] + sum_{b'<b} hist[b', e] - sum_{e'<e} hist[b, e']."""
-    ecols = tl.arange(0, NUM_BINS)
-    e_ok = ecols < NUM_EXPERTS
+    """Grid: (NUM_BINS // SCAN_BINS,). For its experts: prefix[b, e] = sum_{b'<b} hist[b', e]; counts[e]."""
+    ecols = tl.program_id(0) * SCAN_BINS + tl.arange(0, SCAN_BINS)
     bl = tl.arange(0, BLOCK_B)
-    counts = tl.zeros([NUM_BINS], tl.int32)
-    for b0 in range(0, num_blocks, BLOCK_B):  # pass 1: totals per expert
-        m = (b0 + bl < num_blocks)[:, None] & e_ok[None, :]
-        h = tl.load(hist_ptr + (b0 + bl)[:, None] * NUM_BINS + ecols[None, :], mask=m, other=0)
-        counts += tl.sum(h, axis=0)
-    token_incl, row_incl = _store_offsets(counts, counts_ptr, token_offsets_ptr, row_offsets_ptr,
-                                          tile_offsets_ptr, ecols, NUM_EXPERTS, ALIGN, NUM_HEIGHTS,
-                                          H0, H1, H2, H3)
-    carry = row_incl - (counts + ALIGN - 1) // ALIGN * ALIGN  # row_offsets[e], then + rows of earlier blocks
-    for b0 in range(0, num_blocks, BLOCK_B):  # pass 2: adjustments per (block, expert)
+    carry = tl.zeros([SCAN_BINS], tl.int32)
+    for b0 in range(0, num_blocks, BLOCK_B):
         b_ok = (b0 + bl) < num_blocks
         offs = (b0 + bl)[:, None] * NUM_BINS + ecols[None, :]
-        h = tl.load(hist_ptr + offs, mask=b_ok[:, None] & e_ok[None, :], other=0)
-        before_blocks = tl.cumsum(h, axis=0) - h
-        before_experts = tl.cumsum(h, axis=1) - h
-        adj = carry[None, :] + before_blocks - before_experts
-        tl.store(adj_ptr + offs, adj, mask=b_ok[:, None])
+        h = tl.load(hist_ptr + offs, mask=b_ok[:, None], other=0)
+        tl.store(prefix_ptr + offs, carry[None, :] + tl.cumsum(h, axis=0) - h, mask=b_ok[:, None])
         carry += tl.sum(h, axis=0)
+    tl.store(counts_ptr + ecols, carry, mask=ecols < NUM_EXPERTS)
 
 
 def place_kernel(
-    ids_ptr, expert_map_ptr, adj_ptr, sorted_slots_ptr, slot_rows_ptr, num_slots,
-    NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
+    ids_ptr, expert_map_ptr, prefix_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
+    sorted_slots_ptr, slot_rows_ptr, num_slots,
+    NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
+    NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
     BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr,
 ):
-    """Grid: (num_blocks,). Stable rank inside the block by sorting; rows from adj[b, :]."""
+    """Grid: (num_blocks,). Offsets from the counts (program 0 stores them); stable rank inside the block by
+    sorting; row = row_offsets[e] + rows of e in earlier blocks + rank. prefix[b, :] is reused as the
+    block's scratch vector of per-expert row adjustments."""
     b = tl.program_id(0)
     slot0 = b * BLOCK_S
     slots = slot0 + tl.arange(0, BLOCK_S)
     keys = _local_expert_keys(ids_ptr, expert_map_ptr, slots, slots < num_slots, NUM_EXPERTS,
                               NUM_GLOBAL_EXPERTS, HAS_MAP)
-    _sort_and_scatter(keys, slot0, num_slots, adj_ptr + b * NUM_BINS, sorted_slots_ptr, slot_rows_ptr,
+    ecols = tl.arange(0, NUM_BINS)
+    counts = tl.load(counts_ptr + ecols, mask=ecols < NUM_EXPERTS, other=0)
+    padded = (counts + ALIGN - 1) // ALIGN * ALIGN
+    row_first = tl.cumsum(padded, 0) - padded
+    if b == 0:
+        _store_offsets(counts, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr, ecols,
+                       NUM_EXPERTS, ALIGN, NUM_HEIGHTS, H0, H1, H2, H3)
+    hist = tl.histogram(keys, NUM_BINS)
+    first_in_block = tl.cumsum(hist, 0) - hist
+    scratch = prefix_ptr + b * NUM_BINS + ecols
+    tl.store(scratch, row_first + tl.load(scratch) - first_in_block)
+    tl.debug_barrier()  # the adjustments are read back by other threads of this program
+    _sort_and_scatter(keys, slot0, num_slots, prefix_ptr + b * NUM_BINS, sorted_slots_ptr, slot_rows_ptr,
                       NUM_EXPERTS, BLOCK_S)
 
 

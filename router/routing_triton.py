@@ -177,7 +177,7 @@ def route_token_block(
         x_sel = tl.load(logits_ptr + rows.to(tl.int64)[:, None] * stride_logits + top_ids, mask=out_mask,
                         other=0.0).to(tl.float32)
         if SCORING == 2:
-            top_vals = 1.0 / (1.0 + _exp_f32(-x_sel, USE_LIBDEVICE))
+            top_vals = tl.where(k_ok[None, :], 1.0 / (1.0 + _exp_f32(-x_sel, USE_LIBDEVICE)), 0.0)
         else:
             top_vals = x_sel
 

@@ -46,7 +46,8 @@ __all__ = [
 
 class BackendFamily(enum.Enum):
     PEER = "peer"
-    OURS = "moe2cta"
+    OURS = "moe2cta"  # the targets apply
+    REFERENCE = "moe2cta reference"  # moe2cta's torch twins: correct, not meant to be fast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,10 +321,10 @@ def _moe2cta_build(backend_name: str):
 
 
 def _ours(name: str, backend_name: str, description: str, needs_cuda: bool,
-          capture: GraphCapture = GraphCapture.TRY) -> BackendSpec:
+          capture: GraphCapture = GraphCapture.TRY, family: BackendFamily = BackendFamily.OURS) -> BackendSpec:
     return BackendSpec(
         name,
-        BackendFamily.OURS,
+        family,
         description,
         capture,
         _moe2cta_available(backend_name, needs_cuda),
@@ -353,7 +354,7 @@ BACKENDS: dict[str, BackendSpec] = {
             _grouped_mm_supports,
         ),
         _ours("moe2cta-torch", "TORCH", "moe2cta.MoELayer, Backend.TORCH (torch twins; reads ids on the host)",
-              needs_cuda=False, capture=GraphCapture.NEVER),
+              needs_cuda=False, capture=GraphCapture.NEVER, family=BackendFamily.REFERENCE),
         _ours("triton", "TRITON", "moe2cta.MoELayer, Backend.TRITON", needs_cuda=True),
         _ours("cute", "CUTE", "moe2cta.MoELayer, Backend.CUTE (sm_90 / sm_100 2-CTA grouped GEMMs)", needs_cuda=True),
         _ours("auto", "AUTO", "moe2cta.MoELayer, Backend.AUTO", needs_cuda=False),

@@ -51,7 +51,7 @@ def check_variants():
     """(name, config, problem) for the correctness tier, simplest first."""
     bf = torch.bfloat16
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
-    single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE)
+    single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
     dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
     decode = Cfg(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_N)
     p1 = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU)
@@ -85,18 +85,14 @@ def bench_variants():
         p1 = Problem(G1, 2 * inter, hidden, experts, torch.bfloat16, Activation.SWIGLU)
         p2 = Problem(G2, hidden, inter, experts, torch.bfloat16, None, False, True)
         for tag, problem in (("gemm1", p1), ("gemm2", p2)):
-            rn = s90.Raster.ALONG_N
+            rm = s90.Raster.ALONG_M
             dyn = s90.Scheduler.DYNAMIC
             out += [
-                (f"{model}/{tag}/m128n128_pair", Cfg(tile_n=128, work_unit=WorkUnit.PAIR), problem),
-                (f"{model}/{tag}/n256_pair", Cfg(tile_n=256, work_unit=WorkUnit.PAIR), problem),
-                (f"{model}/{tag}/n256_single", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE), problem),
-                (f"{model}/{tag}/n256_dynamic", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE, scheduler=dyn), problem),
-                (f"{model}/{tag}/n256_pair_rn", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, raster=rn), problem),
-                (f"{model}/{tag}/n256_single_rn", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE, raster=rn), problem),
-                (f"{model}/{tag}/n256_dynamic_rn", Cfg(tile_n=256, work_unit=WorkUnit.SINGLE, scheduler=dyn, raster=rn),
-                 problem),
-                (f"{model}/{tag}/m64n256_rn", Cfg(tile_m=64, tile_n=256, work_unit=WorkUnit.SINGLE, raster=rn), problem),
+                (f"{model}/{tag}/default", s90.default_config(problem), problem),
+                (f"{model}/{tag}/dynamic", s90.default_config(problem, dyn), problem),
+                (f"{model}/{tag}/pair", s90.default_config(problem, work_unit=WorkUnit.PAIR), problem),
+                (f"{model}/{tag}/n256_along_m", Cfg(tile_n=256, raster=rm), problem),
+                (f"{model}/{tag}/n128_pair_along_m", Cfg(tile_n=128, work_unit=WorkUnit.PAIR, raster=rm), problem),
             ]
     return out
 

@@ -15,7 +15,7 @@ __all__ = ["terminal_report", "markdown_report", "results_json", "write_reports"
 
 METHOD = (
     "Each backend is first checked against an fp32 reference of the whole layer on sampled rows (tolerance: "
-    "2x a bf16 torch run's error); a wrong backend is reported, not timed. GPU timing: warm-up, one CUDA graph "
+    "2x the error of a same-dtype torch run); a wrong backend is reported, not timed. GPU timing: warm-up, one CUDA graph "
     "per rotated input (inputs rotated so they do not sit in L2; every preset's weights exceed L2), replayed "
     "round-robin between CUDA events; median and percentiles over replays. Backends that sync with the host "
     "are timed eagerly with events. floor = max((bytes of the experts hit + activations) / copy bandwidth, "
@@ -31,12 +31,12 @@ _STATUS_CELL = {
 }
 
 
-def _cell(r: CaseResult | None) -> str:
+def _cell(r: CaseResult | None, mark_targets: bool) -> str:
     if r is None:
         return "-"
     if r.status is not CaseStatus.OK:
         return _STATUS_CELL[r.status]
-    mark = "*" if r.family == BackendFamily.OURS.value and r.ratio > r.target else ""
+    mark = "*" if mark_targets and r.family == BackendFamily.OURS.value and r.ratio > r.target else ""
     return f"{r.median_us:.1f} ({r.ratio:.2f}x){mark}"
 
 
@@ -84,7 +84,7 @@ def _rows(bench: BenchResults, preset, dist, tokens, cells):
                 any_r.floor_bound or "-",
                 f"{TARGETS.for_tokens(t):.2f}x",
             ]
-            + [_cell(cells.get((t, b))) for b in bench.config.backends]
+            + [_cell(cells.get((t, b)), bench.config.device.type == "cuda") for b in bench.config.backends]
         )
     return header, rows
 
@@ -106,6 +106,9 @@ def _md_table(header, rows) -> str:
 def _reasons(bench: BenchResults, results: list[CaseResult]) -> list[str]:
     seen, lines = set(), []
     for r in results:
+        if r.build_note and (r.backend, r.build_note) not in seen:
+            seen.add((r.backend, r.build_note))
+            lines.append(f"[{r.backend}] {r.model}: {r.build_note}")
         if r.status is CaseStatus.OK:
             if r.timing_note and (r.backend, r.timing_note) not in seen:
                 seen.add((r.backend, r.timing_note))
@@ -125,7 +128,8 @@ def _summary_rows(bench: BenchResults, results: list[CaseResult]):
     for name in bench.config.backends:
         s = summarize_backend([r for r in results if r.backend == name])
         ours = BACKENDS[name].family is BackendFamily.OURS
-        meets = ("yes" if s.get("meets_targets") else "no") if ours and "meets_targets" in s else "-"
+        on_gpu = bench.config.device.type == "cuda"
+        meets = ("yes" if s.get("meets_targets") else "no") if ours and on_gpu and "meets_targets" in s else "-"
         rows.append(
             [
                 name,
@@ -163,7 +167,7 @@ def _header_lines(bench: BenchResults) -> list[str]:
     lines = [
         f"device: {env.get('gpu')} ({env.get('capability', env['device'])}), torch {env['torch']}",
         f"ceilings: {cfg.ceilings.describe()}",
-        f"targets (moe2cta backends): {TARGETS.describe()}; '*' marks a moe2cta cell above its target",
+        f"targets (moe2cta triton / cute / auto): {TARGETS.describe()}; '*' marks such a cell above its target",
         "routing distributions: " + "; ".join(f"{d.label} = {d.describe()}" for d in cfg.distributions),
     ]
     if cfg.device.type != "cuda":

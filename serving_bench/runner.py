@@ -75,6 +75,7 @@ class CaseResult:
     rel_err: float | None = None
     tolerance: float | None = None
     samples_us: tuple[float, ...] = ()
+    build_note: str = ""  # e.g. MoELayer.backend_reason: which backend AUTO chose and why
 
     @property
     def ratio(self) -> float | None:
@@ -320,7 +321,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None)
         for name in run.backends:
             spec = BACKENDS[name]
             ok, why = availability[name]
-            status, reason, fn = CaseStatus.OK, "", None
+            status, reason, fn, build_note = CaseStatus.OK, "", None, ""
             if lost is not None:
                 status, reason = CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})"
             elif not ok:
@@ -332,6 +333,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None)
                         status, reason = CaseStatus.UNSUPPORTED, why
                     else:
                         fn = spec.build(preset, weights)
+                        build_note = str(getattr(fn, "backend_reason", ""))
                 except Exception as exc:
                     status, reason = CaseStatus.ERROR, f"build raised {_short(exc)}"
                     if not _cuda_alive(run.device):
@@ -347,6 +349,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None)
                     experts_hit=case.experts_hit,
                     floor_us=case.floor_us,
                     floor_bound=case.floor_bound,
+                    build_note=build_note,
                 )
                 if fn is None or lost is not None:
                     st, rs = (status, reason) if lost is None else (CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})")

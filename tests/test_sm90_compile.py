@@ -45,11 +45,12 @@ def test_prepack_rejects_bad_shapes():
 def test_can_implement_reasons():
     p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
     assert s90.can_implement(s90.Sm90GemmConfig(), p1) == (True, "")
+    assert s90.can_implement(s90.Sm90GemmConfig(work_unit=WorkUnit.PAIR), p1) == (True, "")
     ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=256), s90.Sm90Problem(G2, 2880, 2880, 128))
     assert not ok and "tile_n" in why
     ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=96), p1)
     assert not ok and "tile_m" in why
-    ok, why = s90.can_implement(s90.Sm90GemmConfig(scheduler=s90.Scheduler.DYNAMIC), p1)
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.DYNAMIC), p1)
     assert not ok and "DYNAMIC" in why
     ok, why = s90.can_implement(s90.Sm90GemmConfig(), s90.Sm90Problem(G1, 1536, 2048, 8, torch.float32, Activation.SWIGLU))
     assert not ok and "dtype" in why
@@ -66,7 +67,7 @@ def test_stage_count_fits_the_smem_budget():
 def test_every_preset_has_configs():
     for preset in PRESETS.values():
         configs = s90.preset_configs(preset)
-        assert len(configs) == 4
+        assert len(configs) == 6
         for cfg, problem in configs:
             assert s90.can_implement(cfg, problem) == (True, "")
 
@@ -77,7 +78,7 @@ def test_kernel_key_is_static_and_filesystem_safe():
     assert key == s90.kernel_key(s90.Sm90GemmConfig(pair_threshold=999), p1)  # runtime value, not a key
     assert re.fullmatch(r"[A-Za-z0-9_.-]+", key.file_stem())
     assert re.fullmatch(r"[A-Za-z0-9_]+", key.function_name())
-    other = s90.kernel_key(s90.Sm90GemmConfig(work_unit=WorkUnit.SINGLE), p1)
+    other = s90.kernel_key(s90.Sm90GemmConfig(work_unit=WorkUnit.PAIR), p1)
     assert other.file_stem() != key.file_stem()
 
 
@@ -107,12 +108,12 @@ def test_aot_cli_rejects_unknown_model():
 
 # ---------------------------------------------------------------------------------------------- compile
 SMALL = [  # (name, config, problem): one per epilogue, work unit and scheduler
-    ("swiglu_pair", s90.Sm90GemmConfig(tile_n=128), s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
+    ("swiglu_pair", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.PAIR), s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
     ("gelu_single_fp16", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.SINGLE),
      s90.Sm90Problem(G1, 256, 128, 4, torch.float16, Activation.GELU_GATED)),
     ("oai_bias_dynamic", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC),
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, has_bias=True)),
-    ("rowscale_bias_pair", s90.Sm90GemmConfig(tile_n=128), s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
+    ("rowscale_bias_pair", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.PAIR), s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
     ("plain_m64", s90.Sm90GemmConfig(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE), s90.Sm90Problem(G2, 128, 64, 4)),
 ]
 
@@ -138,7 +139,8 @@ def test_compile_small_and_check_ptx(name, config, problem):
 @NEEDS_DSL
 @pytest.mark.parametrize("model", sorted(PRESETS))
 def test_compile_preset_gemm1(model):
-    config, problem = s90.preset_configs(PRESETS[model])[0]
+    config, problem = s90.preset_configs(PRESETS[model])[2]  # the PAIR kernel: multicast B
+    assert config.work_unit is WorkUnit.PAIR
     compiled = s90.compile_kernel(config, problem, keep_ptx=True)
     _check_ptx(compiled.__ptx__, multicast=True, dynamic=False)
 

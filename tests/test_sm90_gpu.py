@@ -53,3 +53,33 @@ def test_matches_twin(name, config, problem, routing):
     assert result["unwritten_rows"] == 0, result
     assert result["repeat_identical"], result
     assert result["err"] <= 2 * result["err_torch_bf16"] + 1e-3, result
+
+
+@pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
+def test_default_config_qwen3_shape(gemm):
+    """config=None on a qwen3-30b-a3b layer (kernels from `python -m moe2cta.aot build --model qwen3-30b-a3b`)."""
+    s90, G1 = bench.s90, bench.G1
+    hidden, inter, experts, top_k, tokens = 2048, 768, 128, 8, 64
+    gen = torch.Generator().manual_seed(5)
+    counts = bench.make_counts("skewed", tokens, top_k, experts, gen)
+    max_rows = tokens * top_k + experts * (bench.ALIGN - 1)
+    ro = bench.padded_layout(counts, max_rows)
+    mask = torch.zeros(max_rows, dtype=torch.bool)
+    for e in range(experts):
+        mask[int(ro[e]): int(ro[e]) + int(counts[e])] = True
+    dev = torch.device("cuda")
+    if gemm == "gemm1":
+        a = torch.randn(max_rows, hidden, generator=gen).to(torch.bfloat16).to(dev)
+        w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5).to(torch.bfloat16).to(dev)
+        out = s90.sm90_grouped_gemm1(a, s90.prepack_w13(w13), ro.to(dev), counts.to(dev), bench.Activation.SWIGLU)
+        ref = bench.grouped_gemm1_reference(a, w13, ro, counts, bench.Activation.SWIGLU)
+    else:
+        a = torch.randn(max_rows, inter, generator=gen).to(torch.bfloat16).to(dev)
+        w2 = (torch.randn(experts, hidden, inter, generator=gen) / inter**0.5).to(torch.bfloat16).to(dev)
+        scale = torch.rand(max_rows, generator=gen).to(dev)
+        out = s90.sm90_grouped_gemm2(a, w2, ro.to(dev), counts.to(dev), row_scale=scale)
+        ref = bench.grouped_gemm2_reference(a, w2, ro, counts, scale)
+    got, want = out[mask.to(dev)].float(), ref[mask.to(dev)].float()
+    err = ((got - want).norm() / want.norm()).item()
+    assert torch.isfinite(got).all()
+    assert err < 1e-2, err

@@ -6,7 +6,6 @@ graph capture + replay with a changed routing. The dispatch metadata is built he
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
