@@ -64,6 +64,8 @@ SCHED_STATIC = "static"
 SCHED_DYNAMIC = "dynamic"
 RASTER_M = "along_m"  # consecutive units walk down the m-blocks of one n-block (weight tile reuse in L2)
 RASTER_N = "along_n"  # consecutive units walk across the n-blocks of one m-block (A tile reuse in L2)
+CONSUMERS_COOPERATIVE = "cooperative"  # the consumer warpgroups split the rows of every tile
+CONSUMERS_PINGPONG = "pingpong"  # two consumer warpgroups take alternate units (epilogue under the other's MMA)
 
 GATE_UP_CHUNK = 8  # w13 prepack: 8 gate rows then the matching 8 up rows, repeated
 
@@ -86,8 +88,10 @@ class Sm90GroupedGemmKernel:
         scheduler: str,
         raster: str,
         num_sms: int,
+        consumers: str = CONSUMERS_COOPERATIVE,
     ):
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
+        self.pingpong = consumers == CONSUMERS_PINGPONG
         self.stages = stages
         self.cluster_m = cluster_m
         self.epilogue = epilogue
@@ -99,12 +103,13 @@ class Sm90GroupedGemmKernel:
         self.raster = raster
         self.num_sms = num_sms
         self.out_tile_n = tile_n // 2 if self.gated else tile_n
-        self.num_consumer_wg = tile_m // 64
+        self.num_consumer_wg = 2 if self.pingpong else tile_m // 64
+        self.mma_wg = 1 if self.pingpong else self.num_consumer_wg  # warpgroups sharing one tile's MMA
         self.threads_per_wg = 128
         self.threads = (1 + self.num_consumer_wg) * self.threads_per_wg
         self.num_consumer_threads = self.num_consumer_wg * self.threads_per_wg
         self.acc_dtype = cutlass.Float32
-        self.epi_stages = 2
+        self.epi_stages = 2  # per epilogue-running warpgroup
         self.sched_stages = 2
         self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
         self.buffer_align_bytes = 1024
@@ -133,7 +138,7 @@ class Sm90GroupedGemmKernel:
             cute.nvgpu.warpgroup.OperandMajorMode.K,
             cute.nvgpu.warpgroup.OperandMajorMode.K,
             self.acc_dtype,
-            (self.num_consumer_wg, 1, 1),
+            (self.mma_wg, 1, 1),
             tiler_mn=(64, self.tile_n),
         )
         # the same instruction shape over the output columns: its C partition is the epilogue's layout
@@ -143,17 +148,18 @@ class Sm90GroupedGemmKernel:
             cute.nvgpu.warpgroup.OperandMajorMode.K,
             cute.nvgpu.warpgroup.OperandMajorMode.K,
             self.acc_dtype,
-            (self.num_consumer_wg, 1, 1),
+            (self.mma_wg, 1, 1),
             tiler_mn=(64, self.out_tile_n),
         )
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
-        self.epi_tile = (self.tile_m, min(32, self.out_tile_n)) if self.num_consumer_wg > 1 else (64, min(32, self.out_tile_n))
+        self.epi_tile = (self.tile_m, min(32, self.out_tile_n)) if self.mma_wg > 1 else (64, min(32, self.out_tile_n))
         a_layout = utils.LayoutEnum.from_tensor(a)
         c_layout = utils.LayoutEnum.from_tensor(c)
         self.c_layout = c_layout
         a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, self.ab_dtype, self.stages)
         b_smem_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile_mnk, self.ab_dtype, self.stages)
-        epi_smem_staged = sm90_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile, self.epi_stages)
+        epi_buffers = self.epi_stages * (2 if self.pingpong else 1)  # pingpong: one set per warpgroup
+        epi_smem_staged = sm90_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile, epi_buffers)
 
         # B viewed as (N, K, E) so that the expert is the batch mode of the TMA tensor
         b_nke = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 2, 0]))
@@ -320,7 +326,8 @@ class Sm90GroupedGemmKernel:
             barrier_storage=storage.mainloop_barriers.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.cluster_m * num_consumer_warps),
+            # every warp that reads a stage releases it in every CTA of the cluster (pingpong: one warpgroup)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.cluster_m * self.mma_wg * 4),
             tx_count=self.tma_bytes,
             cta_layout_vmnk=cta_layout_vmnk,
             defer_sync=True,
@@ -417,7 +424,10 @@ class Sm90GroupedGemmKernel:
         else:
             # ---------------------------------------------------------- consumer warpgroups
             cute.arch.setmaxregister_increase(232 if self.num_consumer_wg > 1 else 240)
-            ctidx = tidx - self.threads_per_wg
+            wg = cutlass.Int32(0)  # pingpong: which consumer warpgroup (0 or 1) this thread belongs to
+            if cutlass.const_expr(self.pingpong):
+                wg = cute.arch.make_warp_uniform(wg_idx - 1)
+            ctidx = tidx - self.threads_per_wg - wg * self.threads_per_wg
             thr_mma = tiled_mma.get_slice(ctidx)
             thr_out = out_tiled_mma.get_slice(ctidx)
             tCsA = thr_mma.partition_A(sA)
@@ -447,7 +457,7 @@ class Sm90GroupedGemmKernel:
             size_rD = cute.size(tRS_rD)
             store_pipe = pipeline.PipelineTmaStore.create(
                 num_stages=self.epi_stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_wg * self.threads_per_wg),
             )
             read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -458,60 +468,124 @@ class Sm90GroupedGemmKernel:
                 unit = self.read_published_unit(sched, sched_read, slots)
                 sched_read.advance()
             total = self.total_units(s_rows)
-            while unit < total:
-                m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
-                    unit, s_rows, s_counts, pair_threshold, rank
-                )
-                # ---- mainloop: one wgmma group in flight, release the stage of the previous group
-                acc.fill(0.0)
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                cute.nvgpu.warpgroup.fence()
-                for k in cutlass.range(k_tiles, unroll=1):
-                    mainloop.consumer_wait(read_state)
-                    for kb in cutlass.range_constexpr(num_k_blocks):
-                        coord = (None, None, kb, read_state.index)
-                        cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    if k > 0:
+            if cutlass.const_expr(not self.pingpong):
+                while unit < total:
+                    m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
+                        unit, s_rows, s_counts, pair_threshold, rank
+                    )
+                    # ---- mainloop: one wgmma group in flight, release the stage of the previous group
+                    acc.fill(0.0)
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.fence()
+                    for k in cutlass.range(k_tiles, unroll=1):
+                        mainloop.consumer_wait(read_state)
+                        for kb in cutlass.range_constexpr(num_k_blocks):
+                            coord = (None, None, kb, read_state.index)
+                            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        if k > 0:
+                            mainloop.consumer_release(release_state)
+                            release_state.advance()
+                        read_state.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    if k_tiles > 0:
                         mainloop.consumer_release(release_state)
                         release_state.advance()
-                    read_state.advance()
-                cute.nvgpu.warpgroup.wait_group(0)
-                if k_tiles > 0:
-                    mainloop.consumer_release(release_state)
-                    release_state.advance()
 
-                # ---- epilogue (CTA-uniform branch: every consumer thread takes the same one)
-                if has_valid:
-                    self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
-                    gC_tile = gC[(None, None, m_block, nb)]
-                    gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
-                    bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-                        tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
-                    )
-                    epi_num = cute.size(gC_epi, mode=[1])
-                    epi_shape = gC_epi.shape[1]
-                    epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-                    for epi_idx in cutlass.range_constexpr(epi_num):
-                        for v in cutlass.range_constexpr(size_rD):
-                            tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
-                        tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
-                        buf = (epi_count + epi_idx) % self.epi_stages
-                        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        self.epi_barrier.arrive_and_wait()
-                        if warp_idx == 4:
-                            cute.copy(tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))])
-                            store_pipe.producer_commit()
-                            store_pipe.producer_acquire()
-                        self.epi_barrier.arrive_and_wait()
-                    epi_count = epi_count + epi_num
-                if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
-                    unit = self.read_published_unit(sched, sched_read, slots)
-                    sched_read.advance()
-                else:
-                    unit = unit + num_clusters
+                    # ---- epilogue (CTA-uniform branch: every consumer thread takes the same one)
+                    if has_valid:
+                        self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
+                        gC_tile = gC[(None, None, m_block, nb)]
+                        gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
+                        bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+                            tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
+                        )
+                        epi_num = cute.size(gC_epi, mode=[1])
+                        epi_shape = gC_epi.shape[1]
+                        epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+                        for epi_idx in cutlass.range_constexpr(epi_num):
+                            for v in cutlass.range_constexpr(size_rD):
+                                tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
+                            tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+                            buf = (epi_count + epi_idx) % self.epi_stages
+                            cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            self.epi_barrier.arrive_and_wait()
+                            if warp_idx == 4:
+                                cute.copy(tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))])
+                                store_pipe.producer_commit()
+                                store_pipe.producer_acquire()
+                            self.epi_barrier.arrive_and_wait()
+                        epi_count = epi_count + epi_num
+                    if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                        unit = self.read_published_unit(sched, sched_read, slots)
+                        sched_read.advance()
+                    else:
+                        unit = unit + num_clusters
+            else:
+                # PINGPONG: warpgroup wg takes the units with even/odd ordinal; the mainloop pipeline holds
+                # k_tiles stages per unit in unit order, so unit ordinal j starts at stage count j * k_tiles
+                epi_barrier = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=self.threads_per_wg)
+                seen = cutlass.Int32(0)
+                while unit < total:
+                    if seen % 2 == wg:
+                        m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
+                            unit, s_rows, s_counts, pair_threshold, rank
+                        )
+                        pos = seen * k_tiles
+                        rd = pipeline.PipelineState(self.stages, pos, pos % self.stages, (pos // self.stages) % 2)
+                        rl = pipeline.PipelineState(self.stages, pos, pos % self.stages, (pos // self.stages) % 2)
+                        acc.fill(0.0)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                        cute.nvgpu.warpgroup.fence()
+                        for k in cutlass.range(k_tiles, unroll=1):
+                            mainloop.consumer_wait(rd)
+                            for kb in cutlass.range_constexpr(num_k_blocks):
+                                coord = (None, None, kb, rd.index)
+                                cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                            cute.nvgpu.warpgroup.commit_group()
+                            cute.nvgpu.warpgroup.wait_group(1)
+                            if k > 0:
+                                mainloop.consumer_release(rl)
+                                rl.advance()
+                            rd.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        if k_tiles > 0:
+                            mainloop.consumer_release(rl)
+                            rl.advance()
+                        if has_valid:
+                            self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
+                            gC_tile = gC[(None, None, m_block, nb)]
+                            gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
+                            bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+                                tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
+                            )
+                            epi_num = cute.size(gC_epi, mode=[1])
+                            epi_shape = gC_epi.shape[1]
+                            epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+                            for epi_idx in cutlass.range_constexpr(epi_num):
+                                for v in cutlass.range_constexpr(size_rD):
+                                    tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
+                                tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+                                buf = wg * self.epi_stages + (epi_count + epi_idx) % self.epi_stages
+                                cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                epi_barrier.arrive_and_wait()
+                                if warp_idx == 4 + 4 * wg:
+                                    cute.copy(
+                                        tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))]
+                                    )
+                                    store_pipe.producer_commit()
+                                    store_pipe.producer_acquire()
+                                epi_barrier.arrive_and_wait()
+                            epi_count = epi_count + epi_num
+                    seen = seen + 1
+                    if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                        unit = self.read_published_unit(sched, sched_read, slots)
+                        sched_read.advance()
+                    else:
+                        unit = unit + num_clusters
             store_pipe.producer_tail()
 
     # ------------------------------------------------------------------ scheduling

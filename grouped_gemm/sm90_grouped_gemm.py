@@ -25,6 +25,7 @@ __all__ = [
     "Scheduler",
     "Raster",
     "GemmKind",
+    "Consumers",
     "Sm90GemmConfig",
     "Sm90Problem",
     "can_implement",
@@ -59,6 +60,11 @@ class Raster(enum.Enum):
     ALONG_N = "along_n"  # consecutive units: next n-block, same m-block (token tile stays in L2)
 
 
+class Consumers(enum.Enum):
+    COOPERATIVE = "cooperative"  # tile_m / 64 consumer warpgroups split the rows of every tile
+    PINGPONG = "pingpong"  # two consumer warpgroups take alternate units: one's epilogue under the other's MMA
+
+
 class GemmKind(enum.Enum):
     GEMM1 = "gemm1"  # a1 @ w13.T + b13 -> gated activation -> [M, I]
     GEMM2 = "gemm2"  # (a2 @ w2.T + b2) * row_scale -> [M, H]
@@ -76,6 +82,7 @@ class Sm90GemmConfig:
     scheduler: Scheduler = Scheduler.STATIC
     raster: Raster = Raster.ALONG_N
     pair_threshold: int = 256  # runtime: experts with at least this many rows use pair units
+    consumers: Consumers = Consumers.COOPERATIVE
 
     @property
     def cluster_m(self) -> int:
@@ -168,6 +175,9 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         return False, "scheduler: DYNAMIC is implemented for SINGLE work units (cluster 1) only"
     if problem.num_experts > 256:
         return False, f"num_experts: at most 256 (SMEM metadata copy), got {problem.num_experts}"
+    if config.consumers is Consumers.PINGPONG and config.tile_m * config.tile_n > 128 * 128:
+        return False, (f"consumers: PINGPONG keeps a whole {config.tile_m}x{config.tile_n} accumulator in one "
+                       "warpgroup; at most 128x128 fits its registers")
     if config.pair_threshold < 0:
         return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
     stages = resolve_stages(config)
@@ -228,7 +238,8 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         tile=(config.tile_m, config.tile_n, config.tile_k),
         cluster=(config.cluster_m, 1, 1),
         epilogue=problem.epilogue,
-        extra=(("stages", resolve_stages(config)), ("sched", config.scheduler.value), ("raster", config.raster.value)),
+        extra=(("stages", resolve_stages(config)), ("sched", config.scheduler.value), ("raster", config.raster.value))
+        + ((("consumers", config.consumers.value),) if config.consumers is not Consumers.COOPERATIVE else ()),
     )
 
 
@@ -267,6 +278,7 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         scheduler=config.scheduler.value,
         raster=config.raster.value,
         num_sms=ARCH_LIMITS[Arch.SM90].num_sms,
+        consumers=config.consumers.value,
     )
     options = f"--enable-tvm-ffi --gpu-arch {Arch.SM90.value}" + (" --keep-ptx" if keep_ptx else "")
     return cute.compile(
@@ -454,6 +466,7 @@ def _config_json(config: Sm90GemmConfig) -> dict:
         "scheduler": config.scheduler.value,
         "raster": config.raster.value,
         "pair_threshold": config.pair_threshold,
+        "consumers": config.consumers.value,
     }
 
 

@@ -30,7 +30,8 @@ __all__ = ["RouterBackend", "DispatchScheme", "route", "dispatch", "route_dispat
 
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Fused route + dispatch runs in one program: worth it while one SM routes the tokens quickly.
+# Fused route + dispatch runs in one program: worth it while one SM routes the tokens quickly. H200, graph
+# replay: T=1 fused 3.0 us vs 2.1 + 1.7 us apart (E=8, k=8); at T=32 fused and apart were equal.
 FUSED_MAX_TOKENS = 16
 
 
@@ -50,7 +51,7 @@ class RouterBackend(enum.Enum):
 
 
 class DispatchScheme(enum.Enum):
-    """How the TRITON dispatch runs (dispatch_triton.py): AUTO picks SINGLE_PROGRAM for T*k <= 1024."""
+    """How the TRITON dispatch runs (dispatch_triton.py): AUTO picks SINGLE_PROGRAM for T*k <= 512."""
 
     AUTO = "auto"
     SINGLE_PROGRAM = "single_program"  # one launch, one program (decode sizes)
@@ -155,8 +156,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------- dispatch
-def _check_dispatch_args(topk_ids, num_experts, align, tile_heights, expert_map):
-    _check_tensor("topk_ids", topk_ids, 2, (torch.int32, torch.int64))
+def _check_dispatch_static(num_experts, align, tile_heights, expert_map, device):
     if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
         raise ValueError(f"num_experts: expected an int >= 1, got {num_experts!r}")
     if not isinstance(align, int) or isinstance(align, bool) or align < 1:
@@ -166,9 +166,14 @@ def _check_dispatch_args(topk_ids, num_experts, align, tile_heights, expert_map)
         raise ValueError(f"tile_heights: expected ints >= 1, got {tile_heights!r}")
     if expert_map is not None:
         _check_tensor("expert_map", expert_map, 1, (torch.int32, torch.int64))
-        if expert_map.device != topk_ids.device:
-            raise ValueError(f"expert_map: expected device {topk_ids.device}, got {expert_map.device}")
+        if expert_map.device != device:
+            raise ValueError(f"expert_map: expected device {device}, got {expert_map.device}")
     return heights
+
+
+def _check_dispatch_args(topk_ids, num_experts, align, tile_heights, expert_map):
+    _check_tensor("topk_ids", topk_ids, 2, (torch.int32, torch.int64))
+    return _check_dispatch_static(num_experts, align, tile_heights, expert_map, topk_ids.device)
 
 
 def _dispatch_buffers(num_tokens, top_k, num_experts, align, heights, device):
@@ -202,7 +207,7 @@ def _dispatch_static_meta(num_experts, align, heights, expert_map):
 
 
 def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta, offset_meta, scheme, block_slots):
-    from .dispatch_triton import SINGLE_MAX_SLOTS, jit_functions, multi_block_slots
+    from .dispatch_triton import AUTO_SINGLE_SLOTS, SINGLE_MAX_SLOTS, jit_functions, multi_block_slots
 
     kernels = jit_functions()
 
@@ -211,7 +216,7 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
     emap = expert_map if expert_map is not None else ids_flat
     num_bins = base_meta["NUM_BINS"]
     if scheme is DispatchScheme.AUTO:
-        scheme = DispatchScheme.SINGLE_PROGRAM if num_slots <= SINGLE_MAX_SLOTS else DispatchScheme.MULTI_BLOCK
+        scheme = DispatchScheme.SINGLE_PROGRAM if num_slots <= AUTO_SINGLE_SLOTS else DispatchScheme.MULTI_BLOCK
     if scheme is DispatchScheme.SINGLE_PROGRAM:
         if num_slots > SINGLE_MAX_SLOTS:
             raise ValueError(f"scheme: SINGLE_PROGRAM takes T*k <= {SINGLE_MAX_SLOTS}, got {num_slots}")
@@ -282,6 +287,11 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
     logits.shape[1]). With TRITON and T <= FUSED_MAX_TOKENS (static), one launch does both."""
     _check_route_args(logits, config, e_score_correction_bias)
     num_experts = logits.shape[1] if num_experts is None else num_experts
+    heights = _check_dispatch_static(num_experts, align, tile_heights, expert_map, logits.device)
+    if expert_map is None and num_experts != logits.shape[1]:
+        raise ValueError(f"num_experts: expected logits.shape[1] ({logits.shape[1]}) without expert_map, got {num_experts}")
+    if expert_map is not None and expert_map.shape[0] != logits.shape[1]:
+        raise ValueError(f"expert_map: expected one entry per logit column ({logits.shape[1]}), got {expert_map.shape[0]}")
     resolved = _resolve(backend, logits)
     num_tokens = logits.shape[0]
     if resolved is RouterBackend.TORCH or num_tokens > FUSED_MAX_TOKENS:
@@ -292,14 +302,10 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
     from .dispatch_triton import jit_functions
     from .routing_triton import route_launch_params
 
-    dummy_ids = torch.empty(1, config.top_k, dtype=torch.int32, device=logits.device)
-    heights = _check_dispatch_args(dummy_ids, num_experts, align, tile_heights, expert_map)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     meta = _route_meta(config, logits.shape[1], e_score_correction_bias is not None, logits.device)
     base_meta, offset_meta = _dispatch_static_meta(num_experts, align, heights, expert_map)
-    if expert_map is None and num_experts != logits.shape[1]:
-        raise ValueError(f"num_experts: expected logits.shape[1] ({logits.shape[1]}) without expert_map, got {num_experts}")
     if expert_map is not None and expert_map.dtype != torch.int32:
         expert_map = expert_map.to(torch.int32)
     top_k = config.top_k

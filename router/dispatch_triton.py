@@ -10,7 +10,7 @@ rank among the block's slots of that expert, in slot order. No atomics touch the
 deterministic. Off-rank slots (expert_map -> -1, or ids outside [0, E)) use the key E and sort last.
 
 Two schemes, chosen on the host from T*k (static):
-  single program (T*k <= SINGLE_MAX_SLOTS): one launch, one program: histogram (tl.histogram) -> counts ->
+  single program (T*k <= AUTO_SINGLE_SLOTS, or up to SINGLE_MAX_SLOTS on request): one launch, one program: histogram (tl.histogram) -> counts ->
     prefix sums (tl.cumsum) -> store offsets; write (row_offsets - token_offsets)[e] to a scratch vector;
     fill sorted_slots with -1; barrier (orders the program's own global stores); sort; scatter.
   multi block: three launches over blocks of BLOCK_S slots:
@@ -37,11 +37,15 @@ from . import routing_triton
 __all__ = [
     "jit_functions",
     "SINGLE_MAX_SLOTS",
+    "AUTO_SINGLE_SLOTS",
     "multi_block_slots",
     "MAX_TILE_HEIGHTS",
 ]
 
-SINGLE_MAX_SLOTS = 1024  # one program sorts all slots: past this, spread the sorts over blocks
+SINGLE_MAX_SLOTS = 1024  # most slots one program sorts (DispatchScheme.SINGLE_PROGRAM)
+# AUTO: one program up to here. H200: at 1024 slots the single program took 7.2-9.6 us, four blocks of 256
+# about 6-7 us (serving_bench/results/router-h200-2026-11-29.md).
+AUTO_SINGLE_SLOTS = 512
 
 
 def multi_block_slots(num_slots: int) -> int:
@@ -169,7 +173,8 @@ def block_histogram_kernel(
     ecols = tl.arange(0, NUM_BINS)
     tl.store(hist_ptr + b * NUM_BINS + ecols, tl.histogram(keys, NUM_BINS))
     start = b * fill_stripe
-    _fill_minus_one(sorted_slots_ptr, start, tl.minimum(start + fill_stripe, max_rows), FILL_BLOCK)
+    stop = tl.maximum(tl.minimum(start + fill_stripe, max_rows), start)
+    _fill_minus_one(sorted_slots_ptr, start, stop, FILL_BLOCK)
 
 
 def scan_kernel(

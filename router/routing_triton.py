@@ -181,7 +181,6 @@ def route_token_block(
         else:
             top_vals = x_sel
 
-    k_ok = kcols < TOP_K
     if SCORING == 1:  # TOPK_SOFTMAX: softmax over the k selected logits
         vm = tl.where(k_ok[None, :], top_vals, neg_inf)
         e = _exp_f32(vm - tl.max(vm, axis=1)[:, None], USE_LIBDEVICE)

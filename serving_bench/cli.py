@@ -8,6 +8,7 @@ qwen3-30b-a3b-like shape on the CPU torch backends, said so in the output.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -113,8 +114,6 @@ def _trace_config(args, on_gpu: bool) -> TraceConfig:
         changes.setdefault("max_prompt_tokens", max(base.max_prompt_tokens, 16 * changes["mean_prompt_tokens"]))
     if "mean_output_tokens" in changes:
         changes.setdefault("max_output_tokens", max(base.max_output_tokens, 16 * changes["mean_output_tokens"]))
-    import dataclasses
-
     return dataclasses.replace(base, **changes)
 
 
@@ -191,7 +190,7 @@ def _list(device: torch.device) -> str:
     lines.append(f"backends (on {device}):")
     for spec in BACKENDS.values():
         ok, why = spec.availability(device)
-        lines.append(f"  {spec.name:14s} {spec.family.value:8s} {'available' if ok else 'unavailable: ' + why}")
+        lines.append(f"  {spec.name:14s} {spec.family.value:18s} {'available' if ok else 'unavailable: ' + why}")
     lines.append("routing distributions: " + ", ".join(k.value for k in DistributionKind) + " (zipf:S, dirichlet:ALPHA)")
     return "\n".join(lines)
 

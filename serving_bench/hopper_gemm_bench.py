@@ -70,6 +70,11 @@ def check_variants():
         ("g2_rowscale_pair", pair, p2),
         ("g2_rowscale_bias_dynamic", dyn, p2_bias),
         ("g2_plain_single", single, p2_plain),
+        ("g1_swiglu_pingpong", Cfg(tile_n=128, consumers=s90.Consumers.PINGPONG), p1),
+        ("g1_oai_bias_pingpong_pair", Cfg(tile_n=128, consumers=s90.Consumers.PINGPONG, work_unit=WorkUnit.PAIR,
+                                          pair_threshold=1), p1_oai),
+        ("g2_rowscale_bias_pingpong_dynamic", Cfg(tile_n=128, consumers=s90.Consumers.PINGPONG,
+                                                  scheduler=s90.Scheduler.DYNAMIC), p2_bias),
         ("g2_rowscale_n256_pair", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, pair_threshold=1), p2),
         ("g2_rowscale_m64n256_dynamic", Cfg(tile_m=64, tile_n=256, work_unit=WorkUnit.SINGLE,
                                             scheduler=s90.Scheduler.DYNAMIC), p2_bias),
@@ -93,6 +98,10 @@ def bench_variants():
                 (f"{model}/{tag}/pair", s90.default_config(problem, work_unit=WorkUnit.PAIR), problem),
                 (f"{model}/{tag}/n256_along_m", Cfg(tile_n=256, raster=rm), problem),
                 (f"{model}/{tag}/n128_pair_along_m", Cfg(tile_n=128, work_unit=WorkUnit.PAIR, raster=rm), problem),
+                (f"{model}/{tag}/n128_pingpong", Cfg(tile_n=128, consumers=s90.Consumers.PINGPONG), problem),
+                (f"{model}/{tag}/n128_pingpong_dynamic", Cfg(tile_n=128, consumers=s90.Consumers.PINGPONG,
+                                                             scheduler=dyn), problem),
+                (f"{model}/{tag}/n128_single", Cfg(tile_n=128), problem),
             ]
     return out
 

@@ -12,8 +12,9 @@ from .runner import BenchResults, CaseStatus
 __all__ = ["write_plots"]
 
 
-def _panels(bench: BenchResults):
-    results = bench.sweep_results()
+def _panels(bench: BenchResults, every_size: bool = False):
+    """(title, results) per (model, distribution): the sweep's sizes, or every size measured (trace buckets too)."""
+    results = bench.results if every_size or not bench.sweep_results() else bench.sweep_results()
     panels = []
     for preset in bench.config.models:
         for dist in bench.config.distributions:
@@ -24,7 +25,7 @@ def _panels(bench: BenchResults):
 
 
 def _latency_plot(plt, bench: BenchResults, path: Path) -> bool:
-    panels = _panels(bench)
+    panels = _panels(bench, every_size=True)
     if not panels:
         return False
     cols = min(3, len(panels))

@@ -106,7 +106,7 @@ def _md_table(header, rows) -> str:
 def _reasons(bench: BenchResults, results: list[CaseResult]) -> list[str]:
     seen, lines = set(), []
     for r in results:
-        if r.build_note and (r.backend, r.build_note) not in seen:
+        if r.build_note and not r.build_note.endswith("requested") and (r.backend, r.build_note) not in seen:
             seen.add((r.backend, r.build_note))
             lines.append(f"[{r.backend}] {r.model}: {r.build_note}")
         if r.status is CaseStatus.OK:
@@ -165,7 +165,8 @@ def _header_lines(bench: BenchResults) -> list[str]:
     env = bench.environment
     cfg = bench.config
     lines = [
-        f"device: {env.get('gpu')} ({env.get('capability', env['device'])}), torch {env['torch']}",
+        f"device: {env.get('gpu')} ({env.get('capability', env['device'])}), torch {env['torch']}; "
+        f"weights and activations {str(cfg.dtype).replace('torch.', '')}",
         f"ceilings: {cfg.ceilings.describe()}",
         f"targets (moe2cta triton / cute / auto): {TARGETS.describe()}; '*' marks such a cell above its target",
         "routing distributions: " + "; ".join(f"{d.label} = {d.describe()}" for d in cfg.distributions),
@@ -185,7 +186,7 @@ def terminal_report(bench: BenchResults) -> str:
     if sweep:
         out += ["", "summary (time/floor over the cells above)", _text_table(*_summary_rows(bench, sweep))]
     if bench.trace_stats is not None:
-        out += ["", f"serving trace: {cfg_trace(bench)}", _trace_stats_line(bench)]
+        out += ["", f"serving trace: {_trace_line(bench)}", _trace_stats_line(bench)]
         for preset in bench.config.models:
             for dist in bench.config.distributions:
                 out += [f"{preset.name} -- routing: {dist.label}", _text_table(*_trace_rows(bench, preset.name, dist.label))]
@@ -196,7 +197,7 @@ def terminal_report(bench: BenchResults) -> str:
     return "\n".join(out)
 
 
-def cfg_trace(bench: BenchResults) -> str:
+def _trace_line(bench: BenchResults) -> str:
     return bench.config.trace.describe() if bench.config.trace else ""
 
 
@@ -220,7 +221,7 @@ def markdown_report(bench: BenchResults, plots: dict[str, str] | None = None) ->
         out += ["", f"## {_model_line(preset)}, routing {dist.label}", "", "Cells: median us (time/floor).", ""]
         out.append(_md_table(*_rows(bench, preset, dist, tokens, cells)))
     if bench.trace_stats is not None:
-        out += ["", "## Serving trace", "", f"- {cfg_trace(bench)}", f"- {_trace_stats_line(bench)}",
+        out += ["", "## Serving trace", "", f"- {_trace_line(bench)}", f"- {_trace_stats_line(bench)}",
                 "- per-step MoE latency of this one layer; each step runs at its bucket size and draws one timing sample"]
         for preset in bench.config.models:
             for dist in bench.config.distributions:
@@ -250,6 +251,13 @@ def _jsonable(x):
     return x
 
 
+def _json_summary(bench: BenchResults, name: str) -> dict:
+    summary = summarize_backend([r for r in bench.sweep_results() if r.backend == name])
+    if BACKENDS[name].family is not BackendFamily.OURS or bench.config.device.type != "cuda":
+        summary.pop("meets_targets", None)  # targets are for moe2cta's GPU backends
+    return summary
+
+
 def results_json(bench: BenchResults) -> dict:
     cfg = bench.config
     results = []
@@ -275,7 +283,8 @@ def results_json(bench: BenchResults) -> dict:
         "loads": [{"model": m, "distribution": d, "tokens": t} | _jsonable(load) | {"imbalance": load.imbalance}
                   for (m, d, t), load in bench.loads.items()],
         "results": results,
-        "summary": {n: summarize_backend([r for r in bench.sweep_results() if r.backend == n]) for n in cfg.backends},
+        "dtype": str(cfg.dtype).replace("torch.", ""),
+        "summary": {n: _json_summary(bench, n) for n in cfg.backends},
         "trace": None if bench.trace_stats is None else {
             "config": _jsonable(cfg.trace),
             "stats": _jsonable(bench.trace_stats),

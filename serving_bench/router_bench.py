@@ -20,7 +20,16 @@ import time
 
 import torch
 
-from moe2cta.router import RoutingConfig, dispatch, dispatch_reference, route, route_dispatch, route_reference
+from moe2cta.router import (
+    RoutingConfig,
+    combine,
+    dispatch,
+    dispatch_reference,
+    gather,
+    route,
+    route_dispatch,
+    route_reference,
+)
 
 GRAPH_REPEATS = 20
 
@@ -86,7 +95,7 @@ def run_case(num_experts: int, top_k: int, num_tokens: int, warmup_only: bool = 
     if warmup_only:
         both(), route_only(), dispatch_only()
         return {}
-    return {
+    row = {
         "experts": num_experts,
         "top_k": top_k,
         "tokens": num_tokens,
@@ -96,6 +105,32 @@ def run_case(num_experts: int, top_k: int, num_tokens: int, warmup_only: bool = 
         "dispatch_us": _graph_time_us(dispatch_only),
         "torch_twin_us": _eager_time_us(twin),
     }
+    if num_experts == 128 and top_k == 8:  # gather + combine at Qwen3-30B-A3B's H = 2048, bf16
+        hidden_size = 2048
+        disp = dispatch(ids, num_experts, backend="triton")
+        hidden = torch.randn(num_tokens, hidden_size, device="cuda", generator=gen).to(torch.bfloat16)
+        weights = torch.rand(num_tokens, top_k, device="cuda", generator=gen)
+        a1 = gather(hidden, disp, top_k, backend="triton")
+        y = torch.randn_like(a1)
+        out = torch.empty_like(hidden)
+        row["gather_us"] = _graph_time_us(lambda: gather(hidden, disp, top_k, out=a1, backend="triton"))
+        row["combine_us"] = _graph_time_us(
+            lambda: combine(y, disp, weights, num_tokens, top_k, out=out, backend="triton"))
+        row["gather_combine_floor_us"] = 2 * (num_tokens * (top_k + 1) * hidden_size * 2) / 4.3e6
+    return row
+
+
+def profile_kernels(num_experts: int, top_k: int, num_tokens: int) -> str:
+    """Per-kernel device time of route_dispatch (torch profiler), to see which launch dominates."""
+    config = RoutingConfig(top_k=top_k)
+    logits = torch.randn(num_tokens, num_experts, device="cuda").to(torch.bfloat16)
+    route_dispatch(logits, config, backend="triton")
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            route_dispatch(logits, config, backend="triton")
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=8)
 
 
 def markdown(rows) -> str:
@@ -109,6 +144,13 @@ def markdown(rows) -> str:
             f"{'yes' if r['fused_launch'] else 'no'} | {r['route_us']:.2f} | {r['dispatch_us']:.2f} | "
             f"{r['torch_twin_us']:.1f} | {r['torch_twin_us'] / r['route_dispatch_us']:.1f}x |"
         )
+    permute = [r for r in rows if "gather_us" in r]
+    if permute:
+        lines += ["", "Gather / combine, E=128, k=8, H=2048 bf16 (floor: bytes read + written at 4.3 TB/s):", "",
+                  "| T | gather us | combine us | floor each us |", "|---|---|---|---|"]
+        for r in permute:
+            lines.append(f"| {r['tokens']} | {r['gather_us']:.2f} | {r['combine_us']:.2f} | "
+                         f"{r['gather_combine_floor_us'] / 2:.2f} |")
     return "\n".join(lines)
 
 
@@ -120,6 +162,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="folder for router_bench.json / router_bench.md")
     parser.add_argument("--warmup-only", action="store_true")
     parser.add_argument("--shard", default="0/1", help="I/N: this process takes cases I, I+N, ...")
+    parser.add_argument("--profile", action="store_true", help="per-kernel times for E=128, k=8, T=4096, 32768")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("router_bench: needs a CUDA GPU")
@@ -141,6 +184,9 @@ def main(argv=None) -> int:
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "graph_repeats": GRAPH_REPEATS}
     table = markdown(rows)
+    if args.profile:
+        for t in (4096, 32768):
+            print(f"kernels of route_dispatch, E=128 k=8 T={t}:\n{profile_kernels(128, 8, t)}")
     print(table)
     if args.out:
         import os

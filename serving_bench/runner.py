@@ -278,6 +278,33 @@ def _run_case(fn, spec, preset, case: _CaseData, run: RunConfig, base: dict) -> 
     )
 
 
+def _all_cases(preset, run, token_list, status, reason, progress) -> list[CaseResult]:
+    out = []
+    for dist in run.distributions:
+        for tokens in token_list:
+            for name in run.backends:
+                progress(f"{preset.name} T={tokens} {name}")
+                out.append(_not_run(preset, dist, tokens, name, status, reason))
+    return out
+
+
+def _build(spec, preset, weights, available: tuple[bool, str]):
+    """(callable or None, status, reason, build note); raises only _DeviceLost."""
+    ok, why = available
+    if not ok:
+        return None, CaseStatus.UNAVAILABLE, why, ""
+    try:
+        supported, why = spec.supports(preset, weights)
+        if not supported:
+            return None, CaseStatus.UNSUPPORTED, why, ""
+        fn = spec.build(preset, weights)
+    except Exception as exc:
+        if not _cuda_alive(weights.w13.device):
+            raise _DeviceLost(f"{spec.name} build on {preset.name}: {_short(exc)}") from exc
+        return None, CaseStatus.ERROR, f"build raised {_short(exc)}", ""
+    return fn, CaseStatus.OK, "", str(getattr(fn, "backend_reason", ""))
+
+
 def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None) -> BenchResults:
     """Run every (model, case, backend); `progress(label)` is called once per (model, case, backend)."""
     started = time.perf_counter()
@@ -292,52 +319,36 @@ def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None)
     token_list = sorted(set(run.sweep_tokens) | set(stats.buckets if stats else ()))
     results: list[CaseResult] = []
     loads: dict[tuple[str, str, int], LoadSummary] = {}
-    lost: str | None = None
+    lost: str | None = None  # why the CUDA context is gone, once it is
     for preset in run.models:
+        if lost is not None:
+            results += _all_cases(preset, run, token_list, CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})", progress)
+            continue
         cases: list[_CaseData] = []
-        weights = None
-        if lost is None:
-            try:
-                weights = make_expert_weights(preset, run.device, seed=_seed(run.seed, preset.name, "weights"),
-                                              dtype=run.dtype)
-                for dist in run.distributions:
-                    for tokens in token_list:
-                        case = _make_case(preset, weights, tokens, dist, run)
-                        loads[(preset.name, dist.label, tokens)] = case.load
-                        cases.append(case)
-            except Exception as exc:
-                reason = f"preparing {preset.name} failed: {_short(exc)}"
-                if not _cuda_alive(run.device):
-                    lost = reason
-                for dist in run.distributions:
-                    for tokens in token_list:
-                        for name in run.backends:
-                            progress(f"{preset.name} T={tokens} {name}")
-                            results.append(_not_run(preset, dist, tokens, name, CaseStatus.ERROR, reason))
-                cases = []
-                weights = None
-                _free(run.device)
-                continue
+        try:
+            weights = make_expert_weights(preset, run.device, seed=_seed(run.seed, preset.name, "weights"), dtype=run.dtype)
+            for dist in run.distributions:
+                for tokens in token_list:
+                    case = _make_case(preset, weights, tokens, dist, run)
+                    loads[(preset.name, dist.label, tokens)] = case.load
+                    cases.append(case)
+        except Exception as exc:
+            reason = f"preparing {preset.name} failed: {_short(exc)}"
+            if not _cuda_alive(run.device):
+                lost = reason
+            results += _all_cases(preset, run, token_list, CaseStatus.ERROR, reason, progress)
+            cases = weights = None
+            _free(run.device)
+            continue
         for name in run.backends:
             spec = BACKENDS[name]
-            ok, why = availability[name]
-            status, reason, fn, build_note = CaseStatus.OK, "", None, ""
-            if lost is not None:
-                status, reason = CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})"
-            elif not ok:
-                status, reason = CaseStatus.UNAVAILABLE, why
-            else:
+            fn, status, reason, note = None, CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})", ""
+            if lost is None:
                 try:
-                    sup, why = spec.supports(preset, weights)
-                    if not sup:
-                        status, reason = CaseStatus.UNSUPPORTED, why
-                    else:
-                        fn = spec.build(preset, weights)
-                        build_note = str(getattr(fn, "backend_reason", ""))
-                except Exception as exc:
-                    status, reason = CaseStatus.ERROR, f"build raised {_short(exc)}"
-                    if not _cuda_alive(run.device):
-                        lost = f"{name} build on {preset.name}: {_short(exc)}"
+                    fn, status, reason, note = _build(spec, preset, weights, availability[name])
+                except _DeviceLost as exc:
+                    lost = str(exc)
+                    status, reason = CaseStatus.ERROR, f"CUDA context lost: {exc}"
             for case in cases:
                 progress(f"{preset.name} T={case.tokens} {case.distribution.label} {name}")
                 base = dict(
@@ -349,11 +360,12 @@ def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None)
                     experts_hit=case.experts_hit,
                     floor_us=case.floor_us,
                     floor_bound=case.floor_bound,
-                    build_note=build_note,
+                    build_note=note,
                 )
                 if fn is None or lost is not None:
-                    st, rs = (status, reason) if lost is None else (CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})")
-                    results.append(CaseResult(**base, status=st, reason=rs))
+                    if lost is not None and fn is not None:
+                        status, reason = CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})"
+                    results.append(CaseResult(**base, status=status, reason=reason))
                     continue
                 try:
                     results.append(_run_case(fn, spec, preset, case, run, base))
@@ -363,8 +375,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None)
                 _free(run.device)
             fn = None
             _free(run.device)
-        cases = []
-        weights = None
+        cases = weights = None
         _free(run.device)
     bench = BenchResults(run, environment(run.device), availability, results, loads, steps, stats)
     if steps is not None:

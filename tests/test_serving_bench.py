@@ -339,6 +339,23 @@ def test_run_reports_and_plots(tmp_path, extra_backends):
         assert image.shape[0] > 100 and image.shape[1] > 100 and float(np.std(image)) > 0.01
 
 
+def test_lost_cuda_context_stops_the_run_but_keeps_results(monkeypatch, extra_backends):
+    from moe2cta.serving_bench import runner
+    from moe2cta.serving_bench.runner import CaseStatus, RunConfig, run_benchmark
+
+    monkeypatch.setattr(runner, "_cuda_alive", lambda device: False)  # as after a sticky kernel fault
+    run = RunConfig(models=(custom_preset(TINY), custom_preset("32,16,4,2")), sweep_tokens=(1, 2),
+                    distributions=(RoutingDistribution.parse("uniform"),), backends=("torch-loop", "boom", "grouped-mm"),
+                    device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS, timing=FAST_TIMING, dtype=torch.float32)
+    bench = run_benchmark(run)
+    status = [(r.model, r.backend, r.tokens, r.status) for r in bench.results]
+    assert len(status) == 2 * 3 * 2
+    assert status[:3] == [("custom-64-32-8-2", "torch-loop", 1, CaseStatus.OK), ("custom-64-32-8-2", "torch-loop", 2, CaseStatus.OK),
+                          ("custom-64-32-8-2", "boom", 1, CaseStatus.ERROR)]
+    assert "CUDA context lost" in bench.results[2].reason
+    assert all(r.status is CaseStatus.NOT_RUN for r in bench.results[3:])
+
+
 def test_cli_runs_on_cpu(tmp_path, capsys):
     from moe2cta.serving_bench.cli import main
 
@@ -365,6 +382,22 @@ def test_cli_default_plan_on_cpu():
     assert len(full.models) == 5 and full.trace is not None and full.sweep_tokens == ()
     with pytest.raises(ValueError, match="model"):
         plan_from_args(build_parser().parse_args(["--device", "cpu", "--models", "llama"]))
+    with pytest.raises(ValueError, match="backends"):
+        plan_from_args(build_parser().parse_args(["--device", "cpu", "--backends", "vllm"]))
+
+
+def test_progress_lines():
+    import io
+
+    from moe2cta.serving_bench.progress import Progress, ProgressStyle
+
+    stream = io.StringIO()
+    progress = Progress(3, stream=stream, style=ProgressStyle.LINES, line_interval_s=0.0)
+    for label in ("a", "b", "c"):
+        progress(label)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3 and lines[-1].startswith("[" + "#" * 30 + "] 3/3") and lines[-1].endswith("c")
 
 
 # --- GPU path ----------------------------------------------------------------------------------------
