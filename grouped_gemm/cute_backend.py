@@ -3,42 +3,51 @@
 This module imports `cutlass` at the top: import it lazily (sm90_grouped_gemm.py does), never from a
 package __init__.
 
-Problem: for every expert e, rows [row_offsets[e], row_offsets[e+1]) of A [M, K] (K-major, padded expert
-order, row_offsets multiples of tile_m * cluster_m... see `can_implement`) times B[e] [N, K] (K-major),
-fp32 accumulation, fused epilogue, output C [M, N_out] in A's dtype. One launch covers all experts; which
-tiles exist is decided on the device from row_offsets / counts (no host sync, CUDA-graph capturable).
+Problem: for every expert e, the rows [row_offsets[e], row_offsets[e+1]) of A [M, K] (K-major, padded
+expert order) times B[e] [N, K] (K-major), fp32 accumulation, fused epilogue, output C [M, N_out] in A's
+dtype. One launch covers all experts; which tiles exist is decided on the device from row_offsets and
+counts (no host sync, CUDA-graph capturable). M is symbolic: one compiled kernel serves every batch.
 
 Warp roles (one CTA, 128 threads per warpgroup):
 - warpgroup 0, warp 0: TMA producer. For each work unit it walks the K tiles and issues one TMA load of
   the CTA's A tile and one of the B tile into the next free stage of the mainloop pipeline.
-- warpgroups 1..W: wgmma consumers (W = tile_m / 64: each owns 64 rows of the tile, "cooperative").
-  They wait for a full stage, issue wgmma on it, release the stage once the next wgmma group retired,
-  then run the epilogue: activation / bias / row scale in registers, stmatrix to a staged SMEM buffer,
-  one TMA store per epilogue sub-tile by the first consumer warp.
+- consumer warpgroups 1..W, wgmma. COOPERATIVE (W = tile_m / 64): each owns 64 rows of every tile.
+  PINGPONG (W = 2, built, not yet validated on hardware): each takes every other unit whole, so one
+  warpgroup's epilogue runs under the other's mainloop; an ordering barrier keeps the two mainloops in
+  unit order (parity waits on a shared pipeline must never run two phases ahead).
+  A consumer waits for a full stage, issues wgmma, releases the stage once the next wgmma group
+  retired, then runs the epilogue: bias / gated activation / row scale in registers, stmatrix to a
+  staged SMEM buffer, one TMA store per epilogue sub-tile by one warp of the warpgroup.
 Pipelines:
-- mainloop (PipelineTmaAsync, `stages` deep): "full" = the stage's A and B bytes have landed (TMA
-  transaction count), "empty" = every consumer warp of every CTA that reads this stage's B (both CTAs of
-  a cluster) is done with it.
-- epilogue store (PipelineTmaStore): bulk-group accounting of TMA stores, so an SMEM epilogue buffer is
-  reused only after its store has read it.
+- mainloop (PipelineTmaAsync, `stages` deep): "full" = the stage's A and B bytes landed (transaction
+  count), "empty" = every consumer warp of every CTA that reads this stage's B (both CTAs of a cluster,
+  since B may be multicast into both) is done with it.
+- scheduler (PipelineAsync, 2 slots, DYNAMIC only): "full" = the producer wrote the next unit id into
+  the SMEM slot, "empty" = every consumer thread read it.
+- epilogue store (PipelineTmaStore): bulk-group accounting, so an SMEM epilogue buffer is reused only
+  after the TMA store that reads it finished.
 While the consumers run the epilogue of unit i, the producer already streams unit i+1's first stages.
 
-Work units and clusters: cluster (cluster_m, 1, 1) with cluster_m 1 or 2. The global m-blocks (row /
-tile_m, over all experts) are taken cluster_m at a time: unit u covers m-blocks cluster_m*mu + rank at
-n-block nb. With cluster_m == 2 the unit is a PAIR when both m-blocks belong to the same expert with
-counts[e] >= pair_threshold: each CTA loads half of the weight tile and multicasts it to both CTAs
-(.multicast::cluster). Otherwise the two CTAs work as two SINGLES (possibly of different experts), each
-loading its own full weight tile. Both CTAs decode the same unit, so their pipelines stay in lockstep.
+Work units and clusters: cluster (cluster_m, 1, 1), cluster_m 1 or 2. Global m-blocks (row / tile_m over
+all experts) are taken cluster_m at a time: unit u covers m-blocks cluster_m * mu + rank at n-block nb
+(raster ALONG_M: mu fastest; ALONG_N: nb fastest). With cluster_m == 2 the unit is a PAIR when both
+m-blocks belong to one expert with counts[e] >= pair_threshold (a runtime argument): each CTA loads half
+of the weight tile and multicasts it to both (.multicast::cluster). Otherwise the two CTAs work as two
+SINGLES (possibly of different experts), each loading its own whole weight tile. Both CTAs decode the
+same unit from the same metadata, so their pipelines stay in lockstep. m-blocks that hold only padding
+rows are computed but not stored, and so is an m-block past the last expert (the second CTA of a
+cluster when the m-block count is odd), to keep the pair in lockstep.
+The per-unit expert search (binary search over row_offsets) reads SMEM copies made at kernel start.
 
-Schedulers: STATIC (unit = cluster id + i * clusters) or DYNAMIC (a global atomic counter; the producer
-of each cluster's rank-0 CTA fetches the next unit and hands it to its consumers and to the peer CTA
-through an SMEM slot guarded by a small mbarrier pipeline). The counter is reset without a host sync by
-an epoch scheme: the workspace holds (counter, epoch); every CTA adds one to a finished count, and the
-last CTA to finish zeroes the counter for the next launch.
+Schedulers: STATIC (unit = cluster id + i * clusters) or DYNAMIC (cluster_m == 1: the producer's lane 0
+takes units from a global atomic counter one unit ahead and hands them to the consumers through the
+scheduler pipeline). The counter needs no host reset: every CTA adds one to a finish count after its
+last fetch, and the last CTA to finish zeroes both words for the next launch (launches that share a
+workspace must be stream-ordered).
 
-Limits: bf16/fp16 in, fp32 accumulation, K % tile_k == 0 is not needed (TMA zero-fills), K % 8 == 0,
-N % tile_n == 0, row_offsets multiples of tile_m * cluster_m is NOT needed (units straddling experts
-become singles); row_offsets must be multiples of tile_m.
+Limits: bf16/fp16, K-major A and B, K % 8 == 0 (TMA zero-fills a partial last K tile), N % tile_n == 0,
+row_offsets multiples of tile_m, at most 256 experts; GEMM1 weights prepacked (gate/up rows
+interleaved in chunks of 8, matching the wgmma accumulator's 8-column groups).
 """
 from __future__ import annotations
 
@@ -526,7 +535,12 @@ class Sm90GroupedGemmKernel:
             else:
                 # PINGPONG: warpgroup wg takes the units with even/odd ordinal; the mainloop pipeline holds
                 # k_tiles stages per unit in unit order, so unit ordinal j starts at stage count j * k_tiles
+                # Mainloops run strictly in unit order (WG0, WG1, WG0, ...): a warpgroup starts waiting on its
+                # unit's stages only after the other finished waiting on the previous unit's. Without this,
+                # both wait at once and an mbarrier parity wait can pass on a stage two phases old.
                 epi_barrier = pipeline.NamedBarrier(barrier_id=1 + wg, num_threads=self.threads_per_wg)
+                order_done = pipeline.NamedBarrier(barrier_id=3 + wg, num_threads=2 * self.threads_per_wg)
+                order_wait = pipeline.NamedBarrier(barrier_id=4 - wg, num_threads=2 * self.threads_per_wg)
                 seen = cutlass.Int32(0)
                 while unit < total:
                     if seen % 2 == wg:
@@ -536,6 +550,8 @@ class Sm90GroupedGemmKernel:
                         pos = seen * k_tiles
                         rd = pipeline.PipelineState(self.stages, pos, pos % self.stages, (pos // self.stages) % 2)
                         rl = pipeline.PipelineState(self.stages, pos, pos % self.stages, (pos // self.stages) % 2)
+                        if seen > 0:
+                            order_wait.arrive_and_wait()  # the other warpgroup is done with unit seen - 1
                         acc.fill(0.0)
                         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                         cute.nvgpu.warpgroup.fence()
@@ -550,6 +566,7 @@ class Sm90GroupedGemmKernel:
                                 mainloop.consumer_release(rl)
                                 rl.advance()
                             rd.advance()
+                        order_done.arrive()  # let the other warpgroup's mainloop start
                         cute.nvgpu.warpgroup.wait_group(0)
                         if k_tiles > 0:
                             mainloop.consumer_release(rl)

@@ -141,6 +141,17 @@ def resolve_stages(config: Sm90GemmConfig) -> int:
     return min(8, max_stages(per_stage, _reserved_bytes(config), Arch.SM90))
 
 
+_UNVALIDATED = {"allowed": False}
+
+
+def allow_unvalidated_configs(allowed: bool) -> None:
+    """Let can_implement accept configurations built but not yet validated on hardware (PINGPONG).
+
+    Only for the validation run itself (hopper_gemm_bench.py run --experimental); off by default.
+    """
+    _UNVALIDATED["allowed"] = bool(allowed)
+
+
 def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, str]:
     """(True, "") when this kernel can run `problem` with `config`, else (False, why)."""
     if not isinstance(config, Sm90GemmConfig):
@@ -175,6 +186,9 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         return False, "scheduler: DYNAMIC is implemented for SINGLE work units (cluster 1) only"
     if problem.num_experts > 256:
         return False, f"num_experts: at most 256 (SMEM metadata copy), got {problem.num_experts}"
+    if config.consumers is Consumers.PINGPONG and not _UNVALIDATED["allowed"]:
+        return False, ("consumers: PINGPONG is built but not validated on hardware (its first H200 run faulted "
+                       "at K > stages * tile_k; the mainloop ordering barrier added since is untested)")
     if config.consumers is Consumers.PINGPONG and config.tile_m * config.tile_n > 128 * 128:
         return False, (f"consumers: PINGPONG keeps a whole {config.tile_m}x{config.tile_n} accumulator in one "
                        "warpgroup; at most 128x128 fits its registers")
@@ -250,7 +264,7 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         raise ValueError(f"config: cannot implement {problem}: {why}")
     import cutlass
     import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+    from cutlass.cute.runtime import make_fake_compact_tensor
 
     from .cute_backend import Sm90GroupedGemmKernel
 
@@ -280,7 +294,25 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         num_sms=ARCH_LIMITS[Arch.SM90].num_sms,
         consumers=config.consumers.value,
     )
-    options = f"--enable-tvm-ffi --gpu-arch {Arch.SM90.value}" + (" --keep-ptx" if keep_ptx else "")
+    options = f"--enable-tvm-ffi --gpu-arch {Arch.SM90.value}"
+    dump_dir = None
+    if keep_ptx:  # the compiler also writes the PTX to a file: keep that out of the working directory
+        import shutil
+        import tempfile
+
+        dump_dir = tempfile.mkdtemp(prefix="moe2cta-ptx-")
+        options += f" --keep-ptx --dump-dir {dump_dir}"
+    try:
+        return _compile(cute, kernel, options, a, b, c, row_offsets, counts, bias, row_scale, workspace)
+    finally:
+        if dump_dir is not None:
+            shutil.rmtree(dump_dir, ignore_errors=True)
+
+
+def _compile(cute, kernel, options, a, b, c, row_offsets, counts, bias, row_scale, workspace):
+    import cutlass
+    from cutlass.cute.runtime import make_fake_stream
+
     return cute.compile(
         kernel,
         a,
@@ -310,7 +342,11 @@ def _cache_for(directory) -> KernelCache:
 
 
 def _scratch(device: torch.device):
-    """Per-device workspace (dynamic scheduler counter; zero at rest) and 1-element dummies."""
+    """Per-device workspace (DYNAMIC scheduler counter, zero at rest) and 1-element dummies.
+
+    DYNAMIC launches on one device share the counter, so they must be stream-ordered (one stream, or
+    events between streams); STATIC launches do not touch it.
+    """
     key = (device.type, device.index)
     if key not in _SCRATCH:
         _SCRATCH[key] = (

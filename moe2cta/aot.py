@@ -58,8 +58,8 @@ def main(argv=None) -> int:
     except (RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for path in paths:
-        print(path)
+    for item in paths:
+        print(item[-1] if isinstance(item, tuple) else item)  # sm_100a returns (key, path) pairs
     print(f"{len(paths)} kernels in {time.time() - start:.1f} s -> {args.out}")
     return 0
 

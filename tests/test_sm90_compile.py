@@ -145,6 +145,26 @@ def test_compile_preset_gemm1(model):
     _check_ptx(compiled.__ptx__, multicast=True, dynamic=False)
 
 
+def test_pingpong_is_refused_until_validated():
+    p1 = s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=128, consumers=s90.Consumers.PINGPONG), p1)
+    assert not ok and "PINGPONG" in why
+
+
+@NEEDS_DSL
+def test_compile_pingpong_experimental():
+    p1 = s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)
+    s90.allow_unvalidated_configs(True)
+    try:
+        config = s90.Sm90GemmConfig(tile_n=128, consumers=s90.Consumers.PINGPONG, work_unit=WorkUnit.PAIR)
+        compiled = s90.compile_kernel(config, p1, keep_ptx=True)
+        _check_ptx(compiled.__ptx__, multicast=True, dynamic=False)
+        ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=256, consumers=s90.Consumers.PINGPONG), p1)
+        assert not ok and "registers" in why
+    finally:
+        s90.allow_unvalidated_configs(False)
+
+
 @NEEDS_DSL
 def test_export_writes_library_ptx_and_manifest(tmp_path):
     name, config, problem = SMALL[0]
