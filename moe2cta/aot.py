@@ -1,6 +1,7 @@
 """Ahead-of-time kernel bundles: compile a model's grouped GEMM kernels on a machine without a GPU.
 
     python -m moe2cta.aot build --model qwen3-30b-a3b --arch sm_90a --out DIR [--keep-ptx]
+    python -m moe2cta.aot build --model custom:H,I,E,k --arch sm_90a --out DIR   (a SwiGLU layer of that shape)
 
 writes one shared library per kernel (tvm-ffi ABI, symbolic token count) plus manifest.json into DIR, and
 with --keep-ptx the PTX beside each. At run time point MOE2CTA_KERNEL_DIR (or the kernel_directory argument)
@@ -14,7 +15,7 @@ import importlib.util
 import sys
 import time
 
-from .presets import get_preset
+from .presets import custom_preset, get_preset
 
 __all__ = ["build", "main"]
 
@@ -25,7 +26,7 @@ def build(model: str, arch: str, out_dir: str, keep_ptx: bool = False) -> list:
     """Compile and export every kernel of `model` for `arch` into out_dir; returns the library paths."""
     if arch not in ARCHES:
         raise ValueError(f"arch: expected one of {ARCHES}, got {arch!r}")
-    preset = get_preset(model)
+    preset = custom_preset(model[len("custom:"):]) if model.startswith("custom:") else get_preset(model)
     from moe2cta.grouped_gemm.cute_runtime import dsl_available
 
     if not dsl_available():
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moe2cta.aot", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile a model's kernels into a bundle directory")
-    b.add_argument("--model", required=True, help="preset name (moe2cta.presets.PRESETS)")
+    b.add_argument("--model", required=True, help="preset name (moe2cta.presets.PRESETS), or custom:H,I,E,k")
     b.add_argument("--arch", required=True, choices=ARCHES)
     b.add_argument("--out", required=True, help="bundle directory")
     b.add_argument("--keep-ptx", action="store_true", help="write each kernel's PTX beside it")

@@ -392,11 +392,24 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     gemm2 = getattr(module, f"{prefix}_grouped_gemm2")
     config = layer.config
     top_k = topk_ids.shape[1]
-    scale = topk_weights if config.router_weight_on is RouterWeightOn.INPUT else None
-    a1 = _router_api().gather(hidden, disp, top_k, scale=scale, backend=_triton_router_backend())
+    on_input = config.router_weight_on is RouterWeightOn.INPUT
+    a1 = _router_api().gather(
+        hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend()
+    )
     a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=layer.b13)
-    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, b2=layer.b2)
-    return _combine_gpu(layer, y, disp, topk_weights, hidden)
+    # The router weight of each row's slot multiplies in GEMM2's epilogue (padding rows: any weight, never
+    # read); combine then sums the k rows of a token in fixed order without weights.
+    row_scale = None
+    if not on_input:
+        flat = topk_weights.reshape(-1)
+        if flat.numel():
+            row_scale = flat[disp.sorted_slots.clamp(min=0)]
+        else:  # T = 0: nothing to gather from; every row is padding
+            row_scale = flat.new_zeros(disp.sorted_slots.shape)
+    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=layer.b2)
+    return _router_api().combine(
+        y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()
+    )
 
 
 _FORWARD = {Backend.TORCH: _forward_torch, Backend.TRITON: _forward_triton, Backend.CUTE: _forward_cute}

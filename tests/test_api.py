@@ -191,7 +191,8 @@ def test_nan_and_inf_logits_stay_in_their_token():
     assert torch.isfinite(out).all()
 
 
-def test_route_api():
+def test_route_api(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     logits = torch.randn(5, 16, generator=torch.Generator().manual_seed(10))
     routing = RoutingConfig(top_k=3, scoring="topk_softmax")
     weights, ids = route(logits, routing)
@@ -216,7 +217,8 @@ def test_enums_and_config_parse_strings():
         assert name in moe2cta.__all__
 
 
-def test_is_supported_reasons_on_cpu():
+def test_is_supported_reasons_on_cpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     layer = make(4, 16, 8, 8, seed=11)
     args = (layer["hidden"], layer["w13"], layer["w2"])
     assert is_supported("torch", *args) == (True, "")

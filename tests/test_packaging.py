@@ -75,7 +75,7 @@ def test_editable_install_maps_every_import_name(where, tmp_path):
 def _copy_tree(dest: pathlib.Path) -> pathlib.Path:
     """The source tree without VCS data and build outputs (so the build never writes into the repo)."""
     ignore = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache", ".venv",
-                                    "out", "bench-out*", ".whl", ".bundle", ".kernels")
+                                    "out", "bench-out*", "moe2cta-bench-*", ".whl", ".bundle", ".kernels", "*.ptx")
     shutil.copytree(REPO, dest, ignore=ignore)
     return dest
 
