@@ -1,5 +1,12 @@
 """moe2cta.grouped_gemm: grouped GEMM kernel families over experts (torch twin, Triton, CuTe sm90/sm100)."""
-from .epilogue import Activation, apply_activation
+from .epilogue import Activation, GemmStage, apply_activation, epilogue_name
 from .reference import grouped_gemm1_reference, grouped_gemm2_reference
 
-__all__ = ["Activation", "apply_activation", "grouped_gemm1_reference", "grouped_gemm2_reference"]
+__all__ = [
+    "Activation",
+    "GemmStage",
+    "apply_activation",
+    "epilogue_name",
+    "grouped_gemm1_reference",
+    "grouped_gemm2_reference",
+]

@@ -49,7 +49,6 @@ Nothing here imports cutlass or tvm_ffi at import time; the kernel class is buil
 """
 
 import dataclasses
-import enum
 import functools
 import math
 import re
@@ -68,10 +67,10 @@ from .budget import (
     tmem_allocation_columns,
     tmem_columns,
 )
-from .epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation
+from .epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation, GemmStage, epilogue_name
+from .sm90_grouped_gemm import epilogue_operands  # one host-side epilogue operand layout for both CuTe families
 
 __all__ = [
-    "GemmStage",
     "Sm100Problem",
     "Sm100GemmConfig",
     "ResourceUse",
@@ -97,13 +96,6 @@ SCHEDULER_SMEM_BYTES = 64  # CLC response + TMEM base address next to the barrie
 EXTRA_BARRIERS = 3  # CLC full/empty + TMEM dealloc handshake
 NO_UPPER_BOUND = 2**31 - 1
 _DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-class GemmStage(enum.Enum):
-    """Which grouped GEMM of the MoE layer (fixes the epilogue family)."""
-
-    GEMM1 = "gemm1"  # gated activation of (gate, up) pairs, optional bias
-    GEMM2 = "gemm2"  # optional bias, optional per-row router weight
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,12 +133,7 @@ class Sm100Problem:
 
     @property
     def epilogue_name(self) -> str:
-        name = self.activation.value if self.stage is GemmStage.GEMM1 else "plain"
-        if self.has_row_scale:
-            name += "_rowscale"
-        if self.has_bias:
-            name += "_bias"
-        return name
+        return epilogue_name(self.stage, self.activation, self.has_row_scale, self.has_bias)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -955,8 +942,6 @@ def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: 
                         activation: Activation = Activation.SWIGLU, b13: torch.Tensor | None = None,
                         out: torch.Tensor | None = None, config: Sm100GemmConfig | None = None) -> torch.Tensor:
     """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13, b13 public [E, 2I]."""
-    from .sm90_grouped_gemm import pack_gate_up_rows
-
     _check_inputs(a, packed_w13, row_offsets, counts, "packed_w13")
     num_experts, two_i, hidden = packed_w13.shape
     problem = Sm100Problem(GemmStage.GEMM1, two_i, hidden, num_experts, _DTYPES[a.dtype],
@@ -967,11 +952,7 @@ def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: 
     elif (out.shape != (a.shape[0], two_i // 2) or out.dtype != a.dtype or not out.is_contiguous()
           or out.data_ptr() % 16):
         raise TypeError(f"out: expected contiguous 16-byte aligned [{a.shape[0]}, {two_i // 2}] {a.dtype}, got {tuple(out.shape)} {out.dtype}")
-    bias = None
-    if b13 is not None:
-        if b13.shape != (num_experts, two_i):
-            raise TypeError(f"b13: expected [{num_experts}, {two_i}], got {tuple(b13.shape)}")
-        bias = pack_gate_up_rows(b13.float().unsqueeze(-1)).squeeze(-1).contiguous()
+    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, a.shape[0], b13, None)
     return _launch(config, problem, a, packed_w13, out, row_offsets, counts, bias, None)
 
 
@@ -989,13 +970,5 @@ def sm100_grouped_gemm2(a: torch.Tensor, w2: torch.Tensor, row_offsets: torch.Te
     elif (out.shape != (a.shape[0], hidden) or out.dtype != a.dtype or not out.is_contiguous()
           or out.data_ptr() % 16):
         raise TypeError(f"out: expected contiguous 16-byte aligned [{a.shape[0]}, {hidden}] {a.dtype}, got {tuple(out.shape)} {out.dtype}")
-    bias = None
-    if b2 is not None:
-        if b2.shape != (num_experts, hidden):
-            raise TypeError(f"b2: expected [{num_experts}, {hidden}], got {tuple(b2.shape)}")
-        bias = b2.float().contiguous()
-    if row_scale is not None:
-        if row_scale.shape != (a.shape[0],):
-            raise TypeError(f"row_scale: expected [{a.shape[0]}], got {tuple(row_scale.shape)}")
-        row_scale = row_scale.float().contiguous()
+    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale)
     return _launch(config, problem, a, w2, out, row_offsets, counts, bias, row_scale)

@@ -19,12 +19,11 @@ import torch
 
 from .budget import ARCH_LIMITS, Arch, WorkUnit, input_bytes_per_stage, max_stages
 from .cute_runtime import KernelCache, KernelKey
-from .epilogue import Activation
+from .epilogue import Activation, GemmStage, epilogue_name
 
 __all__ = [
     "Scheduler",
     "Raster",
-    "GemmKind",
     "Consumers",
     "Sm90GemmConfig",
     "Sm90Problem",
@@ -34,6 +33,7 @@ __all__ = [
     "default_config",
     "prepack_w13",
     "pack_gate_up_rows",
+    "epilogue_operands",
     "kernel_key",
     "compile_kernel",
     "sm90_grouped_gemm1",
@@ -65,9 +65,6 @@ class Consumers(enum.Enum):
     PINGPONG = "pingpong"  # two consumer warpgroups take alternate units: one's epilogue under the other's MMA
 
 
-class GemmKind(enum.Enum):
-    GEMM1 = "gemm1"  # a1 @ w13.T + b13 -> gated activation -> [M, I]
-    GEMM2 = "gemm2"  # (a2 @ w2.T + b2) * row_scale -> [M, H]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +90,7 @@ class Sm90GemmConfig:
 class Sm90Problem:
     """Static facts of one grouped GEMM: n = weight rows (GEMM1: 2I), k = reduction length."""
 
-    kind: GemmKind
+    kind: GemmStage
     n: int
     k: int
     num_experts: int
@@ -104,16 +101,11 @@ class Sm90Problem:
 
     @property
     def out_n(self) -> int:
-        return self.n // 2 if self.kind is GemmKind.GEMM1 else self.n
+        return self.n // 2 if self.kind is GemmStage.GEMM1 else self.n
 
     @property
     def epilogue(self) -> str:
-        name = self.activation.value if self.kind is GemmKind.GEMM1 else "plain"
-        if self.has_row_scale:
-            name += "_rowscale"
-        if self.has_bias:
-            name += "_bias"
-        return name
+        return epilogue_name(self.kind, self.activation, self.has_row_scale, self.has_bias)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -164,14 +156,14 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         return False, f"tile_k: expected 32, 64 or 128, got {config.tile_k}"
     if config.tile_n % 16 or not 16 <= config.tile_n <= 256:
         return False, f"tile_n: expected a multiple of 16 in [16, 256], got {config.tile_n}"
-    out_tile_n = config.tile_n // 2 if problem.kind is GemmKind.GEMM1 else config.tile_n
+    out_tile_n = config.tile_n // 2 if problem.kind is GemmStage.GEMM1 else config.tile_n
     if out_tile_n % EPILOGUE_TILE_N and out_tile_n > EPILOGUE_TILE_N:
         return False, f"tile_n: output tile {out_tile_n} must be a multiple of {EPILOGUE_TILE_N}"
     if out_tile_n < EPILOGUE_TILE_N and EPILOGUE_TILE_N % out_tile_n:
         return False, f"tile_n: output tile {out_tile_n} must divide {EPILOGUE_TILE_N}"
     if problem.n % config.tile_n:
         return False, f"n: {problem.n} is not a multiple of tile_n {config.tile_n}"
-    if problem.kind is GemmKind.GEMM1:
+    if problem.kind is GemmStage.GEMM1:
         if problem.activation is None:
             return False, "activation: GEMM1 needs an Activation"
         if problem.has_row_scale:
@@ -240,6 +232,29 @@ def prepack_w13(w13: torch.Tensor) -> torch.Tensor:
     return pack_gate_up_rows(w13)
 
 
+def epilogue_operands(
+    stage: GemmStage, num_experts: int, n: int, rows: int, bias: torch.Tensor | None, row_scale: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The CuTe kernels' fp32 epilogue operands (sm90 and sm100) from the public ones; None stays None.
+
+    bias: GEMM1's b13 [E, 2I] (returned interleaved like prepack_w13) or GEMM2's b2 [E, H]; n is 2I or H.
+    row_scale: GEMM2's router weight per row, [rows].
+    """
+    name = "b13" if stage is GemmStage.GEMM1 else "b2"
+    if bias is not None:
+        if bias.shape != (num_experts, n):
+            raise TypeError(f"{name}: expected [{num_experts}, {n}], got {tuple(bias.shape)}")
+        bias = bias.float()
+        if stage is GemmStage.GEMM1:
+            bias = pack_gate_up_rows(bias.unsqueeze(-1)).squeeze(-1)
+        bias = bias.contiguous()
+    if row_scale is not None:
+        if row_scale.shape != (rows,):
+            raise TypeError(f"row_scale: expected [{rows}], got {tuple(row_scale.shape)}")
+        row_scale = row_scale.float().contiguous()
+    return bias, row_scale
+
+
 # ---------------------------------------------------------------------------------------------- compile
 def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
     return KernelKey(
@@ -285,7 +300,7 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         tile_k=config.tile_k,
         stages=resolve_stages(config),
         cluster_m=config.cluster_m,
-        epilogue=problem.activation.value if problem.kind is GemmKind.GEMM1 else "plain",
+        epilogue=problem.activation.value if problem.kind is GemmStage.GEMM1 else "plain",
         has_bias=problem.has_bias,
         has_row_scale=problem.has_row_scale,
         num_experts=e,
@@ -411,15 +426,11 @@ def sm90_grouped_gemm1(
     _check_common(a, packed_w13, row_offsets, counts, "packed_w13")
     activation = Activation.parse(activation)
     num_experts, two_i, hidden = packed_w13.shape
-    problem = Sm90Problem(GemmKind.GEMM1, two_i, hidden, num_experts, a.dtype, activation, b13 is not None)
+    problem = Sm90Problem(GemmStage.GEMM1, two_i, hidden, num_experts, a.dtype, activation, b13 is not None)
     config = config or default_config(problem)
     if out is None:
         out = torch.empty(a.shape[0], two_i // 2, dtype=a.dtype, device=a.device)
-    bias = None
-    if b13 is not None:
-        if b13.shape != (num_experts, two_i):
-            raise TypeError(f"b13: expected [{num_experts}, {two_i}], got {tuple(b13.shape)}")
-        bias = pack_gate_up_rows(b13.float().unsqueeze(-1)).squeeze(-1).contiguous()
+    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, a.shape[0], b13, None)
     return _run(config, problem, a, packed_w13, out, row_offsets, counts, bias, None, kernel_directory)
 
 
@@ -437,19 +448,11 @@ def sm90_grouped_gemm2(
     """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H]."""
     _check_common(a, w2, row_offsets, counts, "w2")
     num_experts, hidden, inter = w2.shape
-    problem = Sm90Problem(GemmKind.GEMM2, hidden, inter, num_experts, a.dtype, None, b2 is not None, row_scale is not None)
+    problem = Sm90Problem(GemmStage.GEMM2, hidden, inter, num_experts, a.dtype, None, b2 is not None, row_scale is not None)
     config = config or default_config(problem)
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
-    bias = None
-    if b2 is not None:
-        if b2.shape != (num_experts, hidden):
-            raise TypeError(f"b2: expected [{num_experts}, {hidden}], got {tuple(b2.shape)}")
-        bias = b2.float().contiguous()
-    if row_scale is not None:
-        if row_scale.shape != (a.shape[0],):
-            raise TypeError(f"row_scale: expected [{a.shape[0]}], got {tuple(row_scale.shape)}")
-        row_scale = row_scale.float().contiguous()
+    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale)
     return _run(config, problem, a, w2, out, row_offsets, counts, bias, row_scale, kernel_directory)
 
 
@@ -457,9 +460,9 @@ def sm90_grouped_gemm2(
 def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
     """The kernels a model preset needs: GEMM1 and GEMM2, each as the default (STATIC, SINGLE), DYNAMIC and PAIR."""
     dtype = torch.bfloat16
-    gemm1 = Sm90Problem(GemmKind.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, dtype,
+    gemm1 = Sm90Problem(GemmStage.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, dtype,
                         preset.activation, preset.has_bias)
-    gemm2 = Sm90Problem(GemmKind.GEMM2, preset.hidden, preset.intermediate, preset.num_experts, dtype,
+    gemm2 = Sm90Problem(GemmStage.GEMM2, preset.hidden, preset.intermediate, preset.num_experts, dtype,
                         None, preset.has_bias, True)
     out = []
     for problem in (gemm1, gemm2):

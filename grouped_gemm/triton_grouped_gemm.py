@@ -44,11 +44,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation
+from .epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation, GemmStage
 
 __all__ = [
     "DEFAULT_TILE_HEIGHTS",
-    "GemmStage",
     "GroupedGemmProblem",
     "TileLoad",
     "TritonGemmConfig",
@@ -72,11 +71,6 @@ class TileLoad(enum.Enum):
 
     POINTER = "pointer"  # tl.load of pointer tensors; Triton pipelines them with async copies
     TMA = "tma"  # tensor descriptors (bulk tensor copies, sm_90+) for the weights and, without a_rows, A
-
-
-class GemmStage(enum.Enum):
-    GEMM1 = "gemm1"  # gated: two weight blocks, activation epilogue, output I columns
-    GEMM2 = "gemm2"  # plain: one weight block, optional bias and row scale, output H columns
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,7 +67,7 @@ import importlib
 import math
 from typing import Iterable, Sequence
 
-from .grouped_gemm.epilogue import Activation
+from .grouped_gemm.epilogue import Activation, GemmStage
 from .grouped_gemm.budget import (
     ARCH_LIMITS,
     Arch,
@@ -683,6 +683,7 @@ def _family_objects(module, candidate: Candidate, problem: GemmProblem):
     gated = p.kind is GemmKind.GEMM1
     activation = (p.activation or Activation.SWIGLU) if gated else None
     row_scale = p.has_row_scale and not gated
+    stage = GemmStage.GEMM1 if gated else GemmStage.GEMM2
     if c.arch is Arch.SM90:
         import torch
 
@@ -691,16 +692,14 @@ def _family_objects(module, candidate: Candidate, problem: GemmProblem):
         if (c.epi_n, c.epi_buffers) != (module.EPILOGUE_TILE_N, module.EPILOGUE_SMEM_STAGES):
             raise ValueError(f"epilogue sub-tile {c.epi_n} x {c.epi_buffers} buffers: the family fixes "
                              f"{module.EPILOGUE_TILE_N} x {module.EPILOGUE_SMEM_STAGES}")
-        kind = module.GemmKind.GEMM1 if gated else module.GemmKind.GEMM2
         dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[p.dtype]
-        fam_problem = module.Sm90Problem(kind, p.n, p.k, p.num_experts, dtype, activation=activation,
+        fam_problem = module.Sm90Problem(stage, p.n, p.k, p.num_experts, dtype, activation=activation,
                                          has_bias=p.has_bias, has_row_scale=row_scale)
         config = module.Sm90GemmConfig(tile_m=c.rows_per_cta, tile_n=c.block_n, tile_k=c.block_k, stages=c.stages,
                                        work_unit=c.unit, pair_threshold=c.pair_threshold)
         return config, fam_problem
     if c.rows_per_cta != module.ROWS_PER_CTA:
         raise ValueError(f"{c.rows_per_cta} rows per CTA: the family fixes {module.ROWS_PER_CTA} (TMEM lanes)")
-    stage = module.GemmStage.GEMM1 if gated else module.GemmStage.GEMM2
     fam_problem = module.Sm100Problem(stage, p.n, p.k, p.num_experts, p.dtype, activation=activation,
                                       has_bias=p.has_bias, has_row_scale=row_scale)
     config = module.Sm100GemmConfig(unit=c.unit, tile_n=c.block_n, tile_k=c.block_k, stages=c.stages,

@@ -34,7 +34,8 @@ import tempfile
 from typing import Callable, Iterable
 
 from .grouped_gemm.budget import Arch, WorkUnit
-from .grouped_gemm.epilogue import Activation
+from .grouped_gemm import epilogue
+from .grouped_gemm.epilogue import Activation, GemmStage
 from . import planner
 
 __all__ = [
@@ -409,12 +410,13 @@ def select_config(
 
 
 def epilogue_name(kind: planner.GemmKind, activation=None, has_bias: bool = False, has_row_scale: bool = False) -> str:
-    """The cache key's epilogue: 'swiglu', 'swiglu_oai_bias', 'plain_rowscale', ... (as the kernel families name it)."""
-    if kind is planner.GemmKind.GEMM1:
-        name = Activation.parse(activation or Activation.SWIGLU).value
-    else:
-        name = "plain" + ("_rowscale" if has_row_scale else "")
-    return name + ("_bias" if has_bias else "")
+    """The cache key's epilogue: 'swiglu', 'swiglu_oai_bias', 'plain_rowscale', ... (epilogue.epilogue_name).
+
+    GEMM1 defaults to SwiGLU and never has a row scale; DENSE is named like GEMM2.
+    """
+    gated = kind is planner.GemmKind.GEMM1
+    stage = GemmStage.GEMM1 if gated else GemmStage.GEMM2
+    return epilogue.epilogue_name(stage, activation or Activation.SWIGLU, has_row_scale and not gated, has_bias)
 
 
 def layer_configs(

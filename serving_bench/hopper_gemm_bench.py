@@ -39,7 +39,7 @@ except ImportError:  # a bare checkout (the GPU host): import grouped_gemm/ as a
 
 Cfg = s90.Sm90GemmConfig
 Problem = s90.Sm90Problem
-G1, G2 = s90.GemmKind.GEMM1, s90.GemmKind.GEMM2
+G1, G2 = s90.GemmStage.GEMM1, s90.GemmStage.GEMM2
 ALIGN = 128
 
 # ------------------------------------------------------------------------------------------ variants

@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from moe2cta.grouped_gemm import Activation
+from moe2cta.grouped_gemm import Activation, GemmStage
 from moe2cta.grouped_gemm.budget import Arch, WorkUnit
 from moe2cta.grouped_gemm.cute_runtime import dsl_available
 from moe2cta.grouped_gemm import sm100_grouped_gemm as sm100
-from moe2cta.grouped_gemm.sm100_grouped_gemm import GemmStage, Sm100GemmConfig, Sm100Problem
+from moe2cta.grouped_gemm.sm100_grouped_gemm import Sm100GemmConfig, Sm100Problem
 from moe2cta.presets import PRESETS, get_preset
 
 needs_dsl = pytest.mark.skipif(not dsl_available(), reason="nvidia-cutlass-dsl is not installed")

@@ -13,13 +13,13 @@ import re
 import pytest
 import torch
 
-from moe2cta.grouped_gemm import Activation
+from moe2cta.grouped_gemm import Activation, GemmStage
 from moe2cta.grouped_gemm import cute_runtime as rt
 from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
 from moe2cta.grouped_gemm.budget import WorkUnit
 from moe2cta.presets import PRESETS
 
-G1, G2 = s90.GemmKind.GEMM1, s90.GemmKind.GEMM2
+G1, G2 = GemmStage.GEMM1, GemmStage.GEMM2
 NEEDS_DSL = pytest.mark.skipif(not rt.dsl_available(), reason="nvidia-cutlass-dsl (CuTe DSL) is not installed")
 
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe2cta.grouped_gemm import Activation, grouped_gemm1_reference, grouped_gemm2_reference
+from moe2cta.grouped_gemm import Activation, GemmStage, grouped_gemm1_reference, grouped_gemm2_reference
 from moe2cta.grouped_gemm.triton_grouped_gemm import (
     DEFAULT_TILE_HEIGHTS,
-    GemmStage,
     GroupedGemmProblem,
     TileLoad,
     TritonGemmConfig,
