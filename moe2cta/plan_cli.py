@@ -17,7 +17,7 @@ import json
 import sys
 
 from .grouped_gemm.budget import Arch, WorkUnit
-from . import planner, tuning
+from . import planner, planner_report, tuning
 
 __all__ = ["main", "build_parser", "format_budget", "format_search"]
 
@@ -72,6 +72,8 @@ def format_budget(ev: planner.Evaluation, problem: planner.GemmProblem) -> str:
         lines.append(f"  REJECTED         {ev.reason}")
     elif ev.kernel_config is not None:
         lines.append(f"  kernel config    {ev.kernel_config!r}")
+    if ev.launches:
+        lines.append(planner_report.format_launches(ev, format_budget))
     return "\n".join(lines)
 
 

@@ -20,8 +20,11 @@ than one CTA tile pair up), and 0 where that differs or (sm_100) saves the secon
 
 Accounting per CTA (all from grouped_gemm/budget.py):
   input stage    = A rows_per_cta x BK + B (sm_100 PAIR: BN/2 columns, 2-CTA MMA; otherwise BN) x BK, x 2 B.
-                   (sm_90 PAIR with a pair_threshold runs single tiles in the same kernel with the same SMEM;
-                   sm_100 runs them in a second, SINGLE launch: one more launch overhead.)
+                   (sm_90 PAIR with a pair_threshold runs single tiles in the same kernel with the same SMEM.
+                   sm_100 cannot mix cta_group::1 and ::2 in one kernel: a PAIR launch for experts with
+                   >= pair_threshold rows, then a SINGLE launch for the rest with its own layout (B not split,
+                   as many stages as fit, same BN/BK/slots/epilogue: Sm100GemmConfig.single_fallback). Each
+                   launch is budgeted, limit-checked and predicted alone; see split_launches / Launch.)
   SMEM           = align1024(barriers + scheduler words [+ sm_90: row_offsets and counts, 4 x (2E+1) B])
                    + stages x input stage + epilogue staging (rows_per_cta x epi_n x out bytes x epi_buffers),
                    limit 227 KiB.
@@ -44,7 +47,8 @@ Time model (predicted seconds, ranked ascending):
   SM time        = ceil(cta_tiles / num_sms) * t_tile           (wave quantization, tail)
   HBM time       = (weights of the experts hit + A rows read + output written) / hbm_bw
   L2 time        = sum over tiles of bytes loaded from L2 / l2_bw
-  predicted      = max(SM time, HBM time, L2 time) + latency (first fill) + launch overhead
+  predicted      = max(SM time, HBM time, L2 time) + latency (first fill) + launch overhead, per launch;
+                   an sm_100 two-launch candidate: the sum of both launches (waves counted per launch).
   shape_eff: sm_100 tiles of 64 rows per CTA use half the tensor core (0.5), else 1.0.
   smem_read_eff: min(1, 128 B/clk / SMEM bytes the MMA reads per clock at peak) (sm_90 per warpgroup of 64
   rows: every warpgroup reads all of B).
@@ -98,6 +102,10 @@ __all__ = [
     "compute_budget",
     "check_limits",
     "predict",
+    "combine_predictions",
+    "split_launches",
+    "fitting_stages",
+    "Launch",
     "evaluate",
     "to_kernel_config",
     "FAMILY_DEFAULTS",
@@ -404,6 +412,30 @@ def _unit_rows(candidate: Candidate, m: int) -> tuple[int, int]:
     return candidate.rows_per_cta, 1
 
 
+def _smem_pieces(c: Candidate, p: GemmProblem, stages: int) -> tuple[int, int, int]:
+    """(input bytes per stage, epilogue staging, barriers + scheduler words aligned to 1024) of one CTA."""
+    stage = input_bytes_per_stage(c.block_m, c.block_n, c.block_k, p.elem_bytes, c.unit, c.arch)
+    epi = epilogue_smem_bytes(c.rows_per_cta, c.epi_n, p.out_bytes, c.epi_buffers)
+    extra_barriers = 3 if c.arch is Arch.SM100 else 2  # scheduler (CLC or tile info) + TMEM handshake
+    book = barrier_bytes(stages, c.accumulator_slots, extra_barriers) + SCHEDULER_SMEM_BYTES
+    if c.arch is Arch.SM90:  # the sm_90 kernel copies row_offsets [E+1] and counts [E] (int32) into SMEM
+        book += 4 * (2 * p.num_experts + 1)
+    return stage, epi, math.ceil(book / SMEM_ALIGN) * SMEM_ALIGN
+
+
+def fitting_stages(candidate: Candidate, problem: GemmProblem) -> int:
+    """The most stages whose SMEM fits the per-CTA limit (at least 1; check_limits rejects < 2)."""
+    limit = ARCH_LIMITS[candidate.arch].smem_per_cta
+    stage, epi, _ = _smem_pieces(candidate, problem, 1)
+    stages = max(1, limit // stage)
+    while stages > 1:
+        _, _, book = _smem_pieces(candidate, problem, stages)
+        if book + stages * stage + epi <= limit:
+            break
+        stages -= 1
+    return stages
+
+
 def compute_budget(candidate: Candidate, problem: GemmProblem, hardware: Hardware | None = None) -> Budget:
     """The seed's calculator, generalized to experts, pairs, stages, epilogue, TMEM and registers."""
     arch = candidate.arch
@@ -432,15 +464,9 @@ def compute_budget(candidate: Candidate, problem: GemmProblem, hardware: Hardwar
     e = p.elem_bytes
     rows = c.rows_per_cta
     a_stage = rows * c.block_k * e
-    stage = input_bytes_per_stage(c.block_m, c.block_n, c.block_k, e, c.unit, arch)
+    stage, epi, book_aligned = _smem_pieces(c, p, c.stages)
     b_stage = stage - a_stage
-    epi = epilogue_smem_bytes(rows, c.epi_n, p.out_bytes, c.epi_buffers)
     slots = c.accumulator_slots
-    extra_barriers = 3 if arch is Arch.SM100 else 2  # scheduler (CLC or tile info) + TMEM handshake
-    book = barrier_bytes(c.stages, slots, extra_barriers) + SCHEDULER_SMEM_BYTES
-    if arch is Arch.SM90:  # the sm_90 kernel copies row_offsets [E+1] and counts [E] (int32) into SMEM
-        book += 4 * (2 * p.num_experts + 1)
-    book_aligned = math.ceil(book / SMEM_ALIGN) * SMEM_ALIGN
     smem = book_aligned + c.stages * stage + epi
 
     flop_stage = 2 * c.block_m * c.block_n * c.block_k
@@ -571,9 +597,21 @@ class Prediction:
 
 
 def predict(candidate: Candidate, problem: GemmProblem, budget: Budget, hardware: Hardware | None = None) -> Prediction:
-    """Analytic time of the whole grouped GEMM (formula in the module docstring)."""
+    """Analytic time of the whole grouped GEMM (formula in the module docstring).
+
+    An sm_100 mixed PAIR candidate runs as two launches (split_launches): the sum of both launches'
+    predictions, each with its own fill latency and launch overhead; `budget` is then unused.
+    """
+    hw = hardware or HARDWARE[candidate.arch]
+    parts = split_launches(candidate, problem)
+    if len(parts) == 1:
+        return _predict_kernel(candidate, problem, budget, hw)
+    return combine_predictions([_predict_kernel(lc, lp, compute_budget(lc, lp, hw), hw) for lc, lp, _, _ in parts])
+
+
+def _predict_kernel(candidate: Candidate, problem: GemmProblem, budget: Budget, hw: Hardware) -> Prediction:
+    """One launch: max(SM, HBM, L2 time) + first fill + one launch overhead."""
     c, p, b = candidate, problem, budget
-    hw = hardware or HARDWARE[c.arch]
     e = p.elem_bytes
     rows = c.rows_per_cta
     # MMA rate: tensor-core shape and SMEM read bandwidth
@@ -611,8 +649,7 @@ def predict(candidate: Candidate, problem: GemmProblem, budget: Budget, hardware
     l2_seconds = l2_bytes / hw.l2_bytes_per_s
     seconds = max(sm_seconds, hbm_seconds, l2_seconds)
     bound = "sm" if seconds == sm_seconds else ("hbm" if seconds == hbm_seconds else "l2")
-    launches = 2 if (c.arch is Arch.SM100 and c.mixed) else 1  # sm_100: a SINGLE launch for small experts
-    seconds += hw.load_latency_s + launches * hw.launch_overhead_s
+    seconds += hw.load_latency_s + hw.launch_overhead_s
     useful = 2 * p.total_rows * p.n * p.k
     computed = 2 * b.computed_rows * b.n_tiles * c.block_n * p.k
     return Prediction(
@@ -632,14 +669,88 @@ def predict(candidate: Candidate, problem: GemmProblem, budget: Budget, hardware
     )
 
 
+def combine_predictions(launches: Sequence[Prediction]) -> Prediction:
+    """Launches run one after the other: times, bytes and FLOP add up (each launch keeps its own fill
+    latency and launch overhead); bound and per-tile terms are the longest launch's."""
+    longest = max(launches, key=lambda pr: pr.seconds)
+    total = {f: sum(getattr(pr, f) for pr in launches) for f in (
+        "seconds", "sm_seconds", "hbm_seconds", "l2_seconds", "hbm_bytes", "l2_bytes", "useful_flop", "computed_flop")}
+    return dataclasses.replace(longest, **total)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launches: sm_100 cannot mix tcgen05 cta_group::1 and ::2 in one kernel, so a PAIR candidate with a
+# pair_threshold runs as a PAIR launch (experts with >= threshold rows) then a SINGLE launch (the rest, its
+# own layout: one CTA of rows_per_cta rows, B not split, as many stages as fit: Sm100GemmConfig.single_fallback).
+# sm_90 runs pair and single units in one kernel with one layout.
+
+
+def split_launches(candidate: Candidate, problem: GemmProblem
+                   ) -> tuple[tuple[Candidate, GemmProblem, int, int | None], ...]:
+    """[(launch candidate, problem restricted to its experts, rows_lo, rows_hi or None)] in launch order."""
+    c, p = candidate, problem
+    if not (c.arch is Arch.SM100 and c.mixed):
+        return ((c, p, 0, None),)
+    t = c.pair_threshold
+    pair = dataclasses.replace(c, pair_threshold=0)
+    pair_problem = dataclasses.replace(p, name=f"{p.name}[rows>={t}]",
+                                       counts=tuple(m if m >= t else 0 for m in p.counts))
+    single_problem = dataclasses.replace(p, name=f"{p.name}[rows<{t}]",
+                                         counts=tuple(m if m < t else 0 for m in p.counts))
+    single = Candidate(c.arch, WorkUnit.SINGLE, c.rows_per_cta, c.block_n, c.block_k, 1, c.accumulator_slots, 0,
+                       c.epi_n, c.epi_buffers)
+    single = dataclasses.replace(single, stages=fitting_stages(single, single_problem))
+    return ((pair, pair_problem, t, None), (single, single_problem, 0, t))
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a two-launch candidate: its own layout, the experts it runs, its budget and time."""
+
+    problem: GemmProblem  # counts of the experts this launch runs (the others 0)
+    rows_lo: int  # runs experts with rows_lo <= rows < rows_hi
+    rows_hi: int | None  # None: no upper bound
+    evaluation: "Evaluation"  # candidate (the launch's layout), budget, limits, prediction of this launch alone
+
+    def describe(self) -> str:
+        ev, b = self.evaluation, self.evaluation.budget
+        rows = f">= {self.rows_lo}" if self.rows_hi is None else f"< {self.rows_hi}"
+        text = (f"{ev.candidate.unit.value} kernel {ev.candidate.label()} on {self.problem.experts_hit} experts with "
+                f"{rows} rows (SMEM {b.smem_bytes / KiB:.1f} KiB, TMEM {b.tmem_columns} columns, "
+                f"{b.cta_tiles} CTA tiles, {b.waves} wave{'s' if b.waves != 1 else ''}")
+        return text + (f", {ev.prediction.seconds * 1e6:.1f} us)" if ev.prediction else f"; REJECTED: {ev.reason})")
+
+    def to_dict(self) -> dict:
+        return {"rows_lo": self.rows_lo, "rows_hi": self.rows_hi, "experts": self.problem.experts_hit,
+                "rows": self.problem.total_rows, "counts": list(self.problem.counts)} | self.evaluation.to_dict()
+
+
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
+    """One candidate on one problem. launches: () when it runs as one kernel, else each launch (sm_100 mixed
+    PAIR); budget is then the whole problem's (coverage, tiles) with the PAIR launch's SMEM/TMEM and the
+    waves summed over launches, prediction the sum of both launches."""
+
     candidate: Candidate
     budget: Budget
     prediction: Prediction | None  # None when a hard limit rejected it
     ok: bool
     reason: str  # why rejected ("" when kept)
     kernel_config: object | None = None  # the kernel family's own config object, where that family exists
+    launches: tuple[Launch, ...] = ()
+
+    @property
+    def num_launches(self) -> int:
+        return max(1, len(self.launches))
+
+    def launch_summary(self) -> str:
+        """"1 launch" or "2 launches: pair kernel ..., single kernel ...; X us in all"."""
+        if not self.launches:
+            return "1 launch"
+        text = f"{len(self.launches)} launches: " + ", ".join(launch.describe() for launch in self.launches)
+        if self.prediction:
+            text += f"; {self.prediction.seconds * 1e6:.1f} us in all (one launch overhead per launch)"
+        return text
 
     def to_dict(self) -> dict:
         d = {"label": self.candidate.label(), "ok": self.ok, "reason": self.reason, "candidate": self.candidate.to_dict()}
@@ -647,6 +758,10 @@ class Evaluation:
         d["prediction"] = self.prediction.to_dict() if self.prediction else None
         if self.kernel_config is not None:
             d["kernel_config"] = repr(self.kernel_config)
+        d["num_launches"] = self.num_launches
+        d["launch_summary"] = self.launch_summary()
+        if self.launches:
+            d["launches"] = [launch.to_dict() for launch in self.launches]
         return d
 
 
@@ -717,6 +832,10 @@ def _bridge_kernel(module, candidate: Candidate, problem: GemmProblem):
     ok, reason = module.can_implement(config, fam_problem)
     if not ok:
         return False, f"kernel {name}: {reason}", None
+    if candidate.arch is Arch.SM100 and candidate.mixed:  # the second launch: its own layout and stages
+        ok, reason = module.can_implement(config.single_fallback(), fam_problem)
+        if not ok:
+            return False, f"kernel {name}: {reason} (single launch)", None
     return True, "", config
 
 
@@ -735,14 +854,37 @@ def to_kernel_config(candidate: Candidate, problem: GemmProblem):
 
 
 def evaluate(candidate: Candidate, problem: GemmProblem, hardware: Hardware | None = None, *, use_kernels: bool = True) -> Evaluation:
-    """Budget, hard limits, kernel can_implement (where it exists), prediction of one candidate."""
-    budget = compute_budget(candidate, problem, hardware)
-    ok, reason = check_limits(candidate, problem, budget)
-    config = None
+    """Budget, hard limits, kernel can_implement (where it exists), prediction of one candidate.
+
+    A two-launch candidate (split_launches) is checked and predicted launch by launch.
+    """
+    hw = hardware or HARDWARE[candidate.arch]
+    parts = split_launches(candidate, problem)
+    budget = compute_budget(candidate, problem, hw)
+    if len(parts) == 1:
+        ok, reason = check_limits(candidate, problem, budget)
+        config = None
+        if ok and use_kernels:
+            ok, reason, config = _kernel_check(candidate, problem)
+        prediction = _predict_kernel(candidate, problem, budget, hw) if ok else None
+        return Evaluation(candidate, budget, prediction, ok, reason, config)
+    launches = []
+    for (lc, lp, lo, hi), role in zip(parts, ("pair launch", "single launch")):
+        lev = evaluate(lc, lp, hw, use_kernels=False)
+        if not lev.ok:
+            lev = dataclasses.replace(lev, reason=f"{lev.reason} ({role})")
+        launches.append(Launch(lp, lo, hi, lev))
+    budget = dataclasses.replace(budget, waves=sum(launch.evaluation.budget.waves for launch in launches),
+                                 tail_fraction=launches[-1].evaluation.budget.tail_fraction)
+    failed = [launch.evaluation for launch in launches if not launch.evaluation.ok]
+    ok, reason, config = (False, failed[0].reason, None) if failed else (True, "", None)
     if ok and use_kernels:
         ok, reason, config = _kernel_check(candidate, problem)
-    prediction = predict(candidate, problem, budget, hardware) if ok else None
-    return Evaluation(candidate, budget, prediction, ok, reason, config)
+    if config is not None:  # each launch's own family config: the PAIR config, then its single_fallback()
+        launches = [dataclasses.replace(launch, evaluation=dataclasses.replace(launch.evaluation, kernel_config=cfg))
+                    for launch, cfg in zip(launches, (config, config.single_fallback()))]
+    prediction = combine_predictions([launch.evaluation.prediction for launch in launches]) if ok else None
+    return Evaluation(candidate, budget, prediction, ok, reason, config, tuple(launches))
 
 
 SM90_TILE_ROWS = (64, 128)

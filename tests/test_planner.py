@@ -426,3 +426,111 @@ def test_cute_runner_builds_padded_inputs(monkeypatch):
     problem2 = planner.GemmProblem("g2", planner.GemmKind.GEMM2, 64, 32, (3, 0, 5), "test", has_row_scale=True)
     runner(planner.make_candidate("sm_90a", "single", 64, 64, 64, 3), problem2)()
     assert seen["row_scale"].shape == (256,) and seen["out"].shape == (256, 64)
+
+
+# ------------------------------------------------------------------------------------------ launches
+SKEWED = (300,) * 8 + (20,) * 120  # 8 experts fill pairs, 120 do not (qwen3-30b-a3b: 128 experts)
+
+
+def _mixed(arch: str, **fields) -> planner.Candidate:
+    return dataclasses.replace(planner.make_candidate(arch, "pair", 256, 256, 64, 4, pair_threshold=129), **fields)
+
+
+def test_sm100_mixed_pair_runs_as_two_launches():
+    g1, _ = planner.moe_problems(get_preset("qwen3-30b-a3b"), 600, SKEWED)
+    ev = planner.evaluate(_mixed("sm_100a"), g1)
+    assert ev.ok and ev.num_launches == 2
+    pair, single = ev.launches
+    assert (pair.evaluation.candidate.unit, single.evaluation.candidate.unit) == (WorkUnit.PAIR, WorkUnit.SINGLE)
+    assert (pair.rows_lo, pair.rows_hi, single.rows_lo, single.rows_hi) == (129, None, 0, 129)
+    assert pair.problem.counts == (300,) * 8 + (0,) * 120 and single.problem.counts == (0,) * 8 + (20,) * 120
+    pb, sb = pair.evaluation.budget, single.evaluation.budget
+    assert sb.b_stage_bytes == 2 * pb.b_stage_bytes  # the SINGLE launch keeps all of B: its own layout
+    assert pb.smem_bytes == ev.budget.smem_bytes < sb.smem_bytes <= sb.smem_limit
+    for launch in ev.launches:  # waves per launch, summed for the candidate
+        b = launch.evaluation.budget
+        assert b.waves == -(-b.cta_tiles // b.num_sms)
+    assert ev.budget.waves == pb.waves + sb.waves and pb.cta_tiles + sb.cta_tiles == ev.budget.cta_tiles
+    # time: both launches, each with its own fill latency and launch overhead (one more than one kernel)
+    hw = planner.HARDWARE[Arch.SM100]
+    launch_seconds = [launch.evaluation.prediction.seconds for launch in ev.launches]
+    assert ev.prediction.seconds == pytest.approx(sum(launch_seconds))
+    assert ev.prediction.seconds == pytest.approx(planner.predict(ev.candidate, g1, ev.budget).seconds)
+    bodies = sum(max(pr.sm_seconds, pr.hbm_seconds, pr.l2_seconds)
+                 for pr in (x.evaluation.prediction for x in ev.launches))
+    assert ev.prediction.seconds - bodies == pytest.approx(2 * (hw.load_latency_s + hw.launch_overhead_s))
+    summary = ev.launch_summary()
+    assert summary.startswith("2 launches: pair kernel pair 256x256x64 s4")
+    assert ", single kernel single 128x256x64" in summary
+    sm100 = _family(Arch.SM100)
+    if sm100 is not None:  # each launch's SMEM/TMEM = the family's resource model of the config it launches
+        _, fam_problem = planner._family_objects(sm100, ev.candidate, g1)
+        assert pair.evaluation.kernel_config == ev.kernel_config
+        assert single.evaluation.kernel_config == ev.kernel_config.single_fallback()
+        for launch in ev.launches:
+            use = sm100.resource_use(launch.evaluation.kernel_config, fam_problem)
+            b = launch.evaluation.budget
+            assert (use.smem_bytes, use.tmem_alloc_columns, use.tmem_columns) == (
+                b.smem_bytes, b.tmem_alloc_columns, b.tmem_columns)
+            assert use.stages == launch.evaluation.candidate.stages
+
+
+def test_sm90_mixed_pair_is_one_launch():
+    g1, _ = planner.moe_problems(get_preset("qwen3-30b-a3b"), 600, SKEWED)
+    ev = planner.evaluate(_mixed("sm_90a", accumulator_slots=1), g1)
+    assert ev.ok and ev.launches == () and ev.num_launches == 1 and ev.launch_summary() == "1 launch"
+    assert ev.budget.pair_units == 8 * 2 * 6 and ev.budget.single_units == 120 * 6  # pair and single units, one kernel
+    hw = planner.HARDWARE[Arch.SM90]
+    pr = ev.prediction
+    body = max(pr.sm_seconds, pr.hbm_seconds, pr.l2_seconds)
+    assert pr.seconds == pytest.approx(body + hw.load_latency_s + hw.launch_overhead_s)
+    assert ev.to_dict()["num_launches"] == 1 and "launches" not in ev.to_dict()
+
+
+def test_sm100_single_launch_checked_against_its_own_limits():
+    g1, _ = planner.moe_problems(get_preset("qwen3-30b-a3b"), 600, SKEWED)
+    # 8 epilogue buffers (64 KiB): the PAIR layout (64 KiB stages) fits 2 stages, the SINGLE one (96 KiB) does not
+    cand = _mixed("sm_100a", block_k=128, stages=2, epi_buffers=8)
+    ev = planner.evaluate(cand, g1, use_kernels=False)
+    pair, single = ev.launches
+    assert pair.evaluation.ok and not single.evaluation.ok and not ev.ok
+    assert ev.reason.startswith("stages") and ev.reason.endswith("(single launch)")
+    stages = planner.fitting_stages(single.evaluation.candidate, single.problem)
+    assert single.evaluation.candidate.stages == stages == 1
+    assert planner.evaluate(dataclasses.replace(cand, pair_threshold=0), g1, use_kernels=False).ok  # pairs only: fits
+
+
+def test_sm100_search_charges_the_second_launch():
+    g1, _ = planner.moe_problems(get_preset("qwen3-30b-a3b"), 4096)  # 256 rows everywhere: the SINGLE launch is empty
+    result = planner.search(g1, "sm_100a", min_coverage_ratio=0.0)
+    hw = planner.HARDWARE[Arch.SM100]
+    by_candidate = {ev.candidate: ev for ev in result.ranked}
+    pairs = [(ev, by_candidate.get(dataclasses.replace(ev.candidate, pair_threshold=0))) for ev in result.ranked
+             if ev.candidate.mixed]
+    assert pairs and all(twin is not None for _, twin in pairs)
+    for ev, twin in pairs:
+        assert ev.launches[1].problem.experts_hit == 0
+        second_launch = hw.load_latency_s + hw.launch_overhead_s
+        assert ev.prediction.seconds == pytest.approx(twin.prediction.seconds + second_launch)
+    assert not result.chosen.candidate.mixed
+
+
+def test_cli_shows_both_launches(capsys):
+    counts = ",".join(str(c) for c in SKEWED)
+    args = ["--model", "qwen3-30b-a3b", "--tokens", "600", "--counts", counts, "--tile", "256x256x64", "--stages", "4",
+            "--pair", "--pair-threshold", "129", "--arch", "sm_100a"]
+    assert plan_cli.main(args + ["--json"]) == 0
+    gemm = json.loads(capsys.readouterr().out)["gemms"][0]
+    assert gemm["num_launches"] == 2 and gemm["launch_summary"].startswith("2 launches: pair kernel")
+    assert [launch["candidate"]["unit"] for launch in gemm["launches"]] == ["pair", "single"]
+    assert [launch["experts"] for launch in gemm["launches"]] == [8, 120]
+    assert all(launch["budget"]["smem_bytes"] <= 227 * KiB for launch in gemm["launches"])
+    from moe2cta import planner_report
+
+    g1, _ = planner.moe_problems(get_preset("qwen3-30b-a3b"), 600, SKEWED)
+    ev = planner.evaluate(_mixed("sm_100a"), g1)
+    text = planner_report.format_launches(ev, plan_cli.format_budget)
+    assert "launches         2 launches: pair kernel" in text and text.count("SMEM per CTA") == 2
+    assert "launch 2 of 2: single kernel, experts with < 129 rows" in text
+    assert planner_report.format_launches(planner.evaluate(_mixed("sm_90a", accumulator_slots=1), g1),
+                                          plan_cli.format_budget) == ""
