@@ -12,9 +12,10 @@ Warp roles (one CTA, 128 threads per warpgroup):
 - warpgroup 0, warp 0: TMA producer. For each work unit it walks the K tiles and issues one TMA load of
   the CTA's A tile and one of the B tile into the next free stage of the mainloop pipeline.
 - consumer warpgroups 1..W, wgmma. COOPERATIVE (W = tile_m / 64): each owns 64 rows of every tile.
-  PINGPONG (W = 2, built, not yet validated on hardware): each takes every other unit whole, so one
-  warpgroup's epilogue runs under the other's mainloop; an ordering barrier keeps the two mainloops in
-  unit order (parity waits on a shared pipeline must never run two phases ahead).
+  PINGPONG (W = 2; validated on the H200, not the default: at most 128x128 per warpgroup, which loses
+  to COOPERATIVE 128x256): each takes every other unit whole, so one warpgroup's epilogue runs under
+  the other's mainloop; an ordering barrier keeps the two mainloops in unit order (parity waits on a
+  shared pipeline must never run two phases ahead).
   A consumer waits for a full stage, issues wgmma, releases the stage once the next wgmma group
   retired, then runs the epilogue: bias / gated activation / row scale in registers, stmatrix to a
   staged SMEM buffer, one TMA store per epilogue sub-tile by one warp of the warpgroup.

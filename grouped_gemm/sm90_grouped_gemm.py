@@ -133,17 +133,6 @@ def resolve_stages(config: Sm90GemmConfig) -> int:
     return min(8, max_stages(per_stage, _reserved_bytes(config), Arch.SM90))
 
 
-_UNVALIDATED = {"allowed": False}
-
-
-def allow_unvalidated_configs(allowed: bool) -> None:
-    """Let can_implement accept configurations built but not yet validated on hardware (PINGPONG).
-
-    Only for the validation run itself (hopper_gemm_bench.py run --experimental); off by default.
-    """
-    _UNVALIDATED["allowed"] = bool(allowed)
-
-
 def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, str]:
     """(True, "") when this kernel can run `problem` with `config`, else (False, why)."""
     if not isinstance(config, Sm90GemmConfig):
@@ -178,9 +167,6 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         return False, "scheduler: DYNAMIC is implemented for SINGLE work units (cluster 1) only"
     if problem.num_experts > 256:
         return False, f"num_experts: at most 256 (SMEM metadata copy), got {problem.num_experts}"
-    if config.consumers is Consumers.PINGPONG and not _UNVALIDATED["allowed"]:
-        return False, ("consumers: PINGPONG is built but not validated on hardware (its first H200 run faulted "
-                       "at K > stages * tile_k; the mainloop ordering barrier added since is untested)")
     if config.consumers is Consumers.PINGPONG and config.tile_m * config.tile_n > 128 * 128:
         return False, (f"consumers: PINGPONG keeps a whole {config.tile_m}x{config.tile_n} accumulator in one "
                        "warpgroup; at most 128x128 fits its registers")

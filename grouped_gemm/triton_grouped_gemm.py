@@ -25,6 +25,10 @@ A as [max_rows, K] unless gathered through a_rows, which stays a pointer load); 
 its copy's completion, the "empty" side the completion of the dot that read it. tl.dot lowers to wgmma on
 sm_90 for block_m >= 64 and to mma.sync otherwise. Accumulation is fp32; the epilogue (bias, activation,
 row scale) runs on the fp32 accumulators and stores in the output dtype.
+On sm_90+ the kernel is launched as a programmatic dependent launch: its grid can become resident while the
+previous kernel of the stream drains (it waits for that kernel's results with griddepcontrol.wait before
+reading anything) and it releases the next kernel's grid at once; inside a CUDA graph the edge is kept.
+This hides the launch gap between the short kernels of a decode step.
 
 Limits: a and the weights share one dtype in {float16, bfloat16, float32} (float32 multiplies in IEEE
 fp32); rows are masked by counts[e], so only valid rows are read (A rows past the count are clamped to the
@@ -39,6 +43,7 @@ import dataclasses
 import enum
 import functools
 import math
+import types
 
 import torch
 import triton
@@ -173,18 +178,20 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
     """Analytic choice by rows-per-active-expert bucket (decode / small / prefill), never by exact M.
 
     Tuned on an H200 (docs/perf-notes-triton.md: qwen3-30b-a3b and mixtral-8x7b, T = 1..4096):
-    - decode (<= 16 rows per active expert) streams the active experts' weights: block_m 16, block_k 256,
+    - decode (< 16 rows per active expert) streams the active experts' weights: block_m 16, block_k 256,
       block_n 64 unless that leaves over half of the SMs without a tile (then 32, 16), TMA weight loads.
-    - small (<= 64 rows): 64 x 128 x 64 tiles, pointer loads.
-    - prefill: 128-row tiles with TMA loads; GEMM1 128 x 128 (two accumulators: 128 x 256 of gate/up
-      work per tile), GEMM2 128 x 256.
+    - small (<= 32 rows): 64 x 128 x 64 tiles, pointer loads.
+    - prefill (> 32 rows): 128-row tiles with TMA loads; GEMM1 128 x 128 (two accumulators: 128 x 256 of
+      gate/up work per tile), 4 stages, GEMM2 128 x 256, 3 stages. At 33-64 rows per expert the 128-row
+      tiles read each expert's weights half as often as 64-row tiles and win (deepseek-v3 T=2048, 64 rows:
+      GEMM1 -8%, GEMM2 -17%; wide sweep 2026-11-29 in serving_bench/results/validate-h200-2026-11-29/).
     Decode and small launch 2 programs per SM even where one fits: the waiting programs start as others
     finish, which evens out the tiles per SM. TMA needs K * element size % 16 == 0, else pointer loads.
     """
     active = max(1.0, _expected_active_experts(problem.routed_rows, problem.num_experts))
-    rows_per_active = problem.routed_rows / active
+    rows_per_active = round(problem.routed_rows / active, 3)  # 4096 rows on 128 experts: 32, not 32.0000001
     tma = TileLoad.TMA
-    if rows_per_active <= 16:
+    if rows_per_active < 16:  # exactly 16 rows (gpt-oss, deepseek-v3 at T=512) measured best with 64-row tiles
         block_m = _nearest_height(16, problem.tile_heights)
         m_tiles = active * max(1, math.ceil(rows_per_active / block_m))
         block_n = 16
@@ -194,13 +201,14 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
                 break
         block_k = 256 if problem.k >= 512 else 128
         config = TritonGemmConfig(block_m, block_n, block_k, 4, 3, group_m=1, programs_per_sm=2, tile_load=tma)
-    elif rows_per_active <= 64:
+    elif rows_per_active <= 32:
         block_m = _nearest_height(64, problem.tile_heights)
         config = TritonGemmConfig(block_m, 128, 64, 4, 4, group_m=8, programs_per_sm=2)
     else:
         block_m = _nearest_height(128, problem.tile_heights)
-        block_n = 128 if problem.stage is GemmStage.GEMM1 else 256
-        config = TritonGemmConfig(block_m, block_n, 64, 8, 4, group_m=8, programs_per_sm=1, tile_load=tma)
+        gemm1 = problem.stage is GemmStage.GEMM1
+        config = TritonGemmConfig(block_m, 128 if gemm1 else 256, 64, 8, 4 if gemm1 else 3, group_m=8,
+                                  programs_per_sm=1, tile_load=tma)
     if config.tile_load is TileLoad.TMA and not can_implement(config, problem)[0]:
         config = dataclasses.replace(config, tile_load=TileLoad.POINTER)
     # Shrink stages (then block_k) until it fits the device's shared memory.
@@ -218,8 +226,7 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
 # triton itself was imported in compiled mode.
 
 
-@triton.jit
-def _add(x, y):
+def _add(x, y):  # tl.reduce combine function (decorated per mode with the kernel, see _jitted_kernel)
     return x + y
 
 
@@ -233,11 +240,17 @@ def _grouped_gemm_kernel(
     stride_be, stride_bn,
     stride_om, stride_on,
     num_programs,
-    GATED: tl.constexpr, ACTIVATION: tl.constexpr, GATHER: tl.constexpr,
+    GATED: tl.constexpr, ACTIVATION: tl.constexpr, GATHER: tl.constexpr, ROWS_PER_SOURCE: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_E: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DEPENDENT_LAUNCH: tl.constexpr,
 ):
+    if DEPENDENT_LAUNCH:
+        # Programmatic dependent launch (sm_90+): this grid may start while the previous kernel of the
+        # stream finishes; wait for its results first, then let the next kernel's grid start likewise.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     # Tile ends per expert, loaded once: expert(m_tile) = #experts whose tiles end at or before m_tile.
     offs_e = tl.arange(0, BLOCK_E)
@@ -265,9 +278,9 @@ def _grouped_gemm_kernel(
         row_valid = local_rows < count
         rows = (row_base + tl.minimum(local_rows, count - 1)).to(tl.int64)  # clamped: always a valid row
         if GATHER:
-            src_rows = tl.load(a_rows_ptr + rows)
+            src_rows = tl.load(a_rows_ptr + rows)  # slot ids: token row = slot // ROWS_PER_SOURCE
             a_row_ok = src_rows >= 0
-            a_row_off = tl.maximum(src_rows, 0).to(tl.int64) * stride_am
+            a_row_off = (tl.maximum(src_rows, 0) // ROWS_PER_SOURCE).to(tl.int64) * stride_am
         else:
             a_row_off = rows * stride_am
 
@@ -346,11 +359,23 @@ def _grouped_gemm_kernel(
         tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & n_valid[None, :])
 
 
+def _decorated(fn, namespace: dict, **jit_options):
+    """triton.jit of a copy of `fn` whose globals are `namespace` (so its helpers are of the same mode)."""
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__module__, copy.__qualname__ = fn.__module__, fn.__qualname__
+    copy.__annotations__ = dict(fn.__annotations__)  # tl.constexpr marks live here
+    return triton.jit(copy, **jit_options)
+
+
 @functools.lru_cache(maxsize=2)
 def _jitted_kernel(interpret: bool):
-    del interpret  # part of the cache key only: triton reads its mode when decorating
+    """The kernel and its combine helper decorated together: triton reads its mode (compiled or
+    interpreted) when it decorates, so a process can use both (tests turn the interpreter on per scope)."""
+    del interpret  # part of the cache key only
+    namespace = dict(globals())
+    namespace["_add"] = _decorated(_add, namespace)
     # num_programs varies with the batch; specializing on it (== 1, % 16) would recompile per bucket of T.
-    return triton.jit(_grouped_gemm_kernel, do_not_specialize=["num_programs"])
+    return _decorated(_grouped_gemm_kernel, namespace, do_not_specialize=["num_programs"])
 
 
 def _kernel():
@@ -367,6 +392,11 @@ def _device_limits(device_index: int) -> tuple[int, int]:
     props = torch.cuda.get_device_properties(device_index)
     smem = getattr(props, "shared_memory_per_block_optin", _DEFAULT_SMEM_PER_BLOCK)
     return props.multi_processor_count, int(smem)
+
+
+def _dependent_launch_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: CUDA sm_90+ and compiled mode (the interpreter has no grids to overlap)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _limits_for(device: torch.device) -> tuple[int, int]:
@@ -413,6 +443,7 @@ def _launch(
     out: torch.Tensor | None,
     config: TritonGemmConfig | None,
     tile_heights: tuple[int, ...],
+    a_rows_per_source: int = 1,
 ) -> torch.Tensor:
     w_name = "w13" if stage is GemmStage.GEMM1 else "w2"
     b_name = "b13" if stage is GemmStage.GEMM1 else "b2"
@@ -446,6 +477,9 @@ def _launch(
             raise ValueError(f"a_rows: expected 1-D [max_rows], got shape {list(a_rows.shape)}")
         _check_int32("a_rows", a_rows, (a_rows.shape[0],), device)
         max_rows = a_rows.shape[0]
+        if isinstance(a_rows_per_source, bool) or not isinstance(a_rows_per_source, int) or not (
+                1 <= a_rows_per_source <= 64):
+            raise ValueError(f"a_rows_per_source: expected an int in 1..64, got {a_rows_per_source!r}")
     else:
         max_rows = a.shape[0]
     if bias is not None:
@@ -496,6 +530,7 @@ def _launch(
                 raise ValueError("a: tile_load TMA needs unit column stride and 16-byte aligned rows")
             a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
     dummy = out  # stands in for absent optional pointers (never read: their constexpr flag is off)
+    dependent = _dependent_launch_supported(device)
     _kernel()[(num_programs,)](
         a, a_rows if a_rows is not None else dummy, w,
         bias if bias is not None else dummy, row_scale if row_scale is not None else dummy, out,
@@ -510,6 +545,7 @@ def _launch(
         GATED=stage is GemmStage.GEMM1,
         ACTIVATION=_ACTIVATION_CODE[activation] if activation is not None else 0,
         GATHER=a_rows is not None,
+        ROWS_PER_SOURCE=a_rows_per_source if a_rows is not None else 1,
         HAS_BIAS=bias is not None,
         HAS_ROW_SCALE=row_scale is not None,
         EVEN_K=k_dim % config.block_k == 0,
@@ -517,6 +553,7 @@ def _launch(
         BLOCK_E=max(16, 1 << (num_experts - 1).bit_length()),
         A_TMA=a_desc is not None, W_TMA=w_desc is not None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+        DEPENDENT_LAUNCH=dependent, launch_pdl=dependent,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
@@ -534,14 +571,17 @@ def triton_grouped_gemm1(
     out: torch.Tensor | None = None,
     config: TritonGemmConfig | None = None,
     tile_heights: tuple[int, ...] = DEFAULT_TILE_HEIGHTS,
+    a_rows_per_source: int = 1,
 ) -> torch.Tensor:
     """GEMM1 with the fused gated activation -> [max_rows, I] in a.dtype (valid rows written).
 
     a: [max_rows, H] in the padded expert layout, or with `a_rows` ([max_rows] int32, -1 = zeros) the
-    compact token matrix [T, H] read through a_rows. w13: [E, 2I, H] (gate rows, then up rows).
+    compact token matrix [T, H]: row r reads a[a_rows[r] // a_rows_per_source] (pass the dispatch's
+    sorted_slots with a_rows_per_source = top_k: no index tensor to build). w13: [E, 2I, H] (gate rows,
+    then up rows).
     """
     return _launch(GemmStage.GEMM1, a, w13, row_offsets, counts, tile_offsets, Activation.parse(activation),
-                   b13, None, a_rows, out, config, tile_heights)
+                   b13, None, a_rows, out, config, tile_heights, a_rows_per_source)
 
 
 def triton_grouped_gemm2(

@@ -38,6 +38,7 @@ import os
 
 import torch
 
+from . import tuning
 from .config import Backend, IdCheck, MoEConfig
 from .grouped_gemm import Activation, GemmStage
 from .reference import RouterWeightOn, moe_forward_reference
@@ -363,14 +364,14 @@ def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         a = _router_api().gather(hidden, disp, top_k, scale=topk_weights, backend=_triton_router_backend())
         a_rows = None
     else:
-        # Fused gather: GEMM1 reads token rows hidden[slot // k] directly; -1 (padding) loads zeros.
-        slots = disp.sorted_slots
+        # Fused gather: GEMM1 reads token rows hidden[slot // k] straight from the dispatch's sorted slots
+        # (-1 = padding loads zeros): no index tensor is built.
         a = hidden
-        a_rows = torch.where(slots >= 0, torch.div(slots, top_k, rounding_mode="floor"), slots)
+        a_rows = disp.sorted_slots
     heights = tuple(disp.tile_heights)
     a2 = gemm.triton_grouped_gemm1(
         a, layer.w13, disp.row_offsets, disp.counts, disp.tile_offsets, config.activation,
-        b13=layer.b13, a_rows=a_rows, tile_heights=heights,
+        b13=layer.b13, a_rows=a_rows, tile_heights=heights, a_rows_per_source=top_k if a_rows is not None else 1,
     )
     y = gemm.triton_grouped_gemm2(
         a2, layer.w2, disp.row_offsets, disp.counts, disp.tile_offsets, b2=layer.b2, tile_heights=heights
@@ -401,7 +402,14 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     a1 = _router_api().gather(
         hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend()
     )
-    a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=layer.b13)
+    # Tuned kernel configurations for this batch's bucket (host-only lookup; None = the family default).
+    cfg1, cfg2, _ = tuning.kernel_configs_for_layer(
+        "sm_90a" if prefix == "sm90" else "sm_100a", layer.hidden_size, layer.intermediate, layer.num_experts,
+        top_k, hidden.shape[0], config.activation, layer.b13 is not None, hidden.dtype, layer.tuning_cache,
+        gemm2_row_scale=not on_input,
+    )
+    a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=layer.b13,
+               config=cfg1)
     # The router weight of each row's slot multiplies in GEMM2's epilogue (padding rows: any weight, never
     # read); combine then sums the k rows of a token in fixed order without weights.
     row_scale = None
@@ -411,7 +419,7 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
             row_scale = flat[disp.sorted_slots.clamp(min=0)]
         else:  # T = 0: nothing to gather from; every row is padding
             row_scale = flat.new_zeros(disp.sorted_slots.shape)
-    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=layer.b2)
+    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=layer.b2, config=cfg2)
     return _router_api().combine(
         y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()
     )
@@ -448,6 +456,7 @@ class MoELayer:
         align: int = 128,
         backend: Backend | str = Backend.AUTO,
         id_check: IdCheck | str = IdCheck.AUTO,
+        tuning_cache: "tuning.TuningCache | str | os.PathLike | None" = None,
     ):
         if routing is not None and not isinstance(routing, RoutingConfig):
             raise TypeError(f"routing: expected a RoutingConfig or None, got {type(routing).__name__}")
@@ -483,6 +492,12 @@ class MoELayer:
             num_global_experts=num_global,
             config=self.config,
         )
+        if tuning_cache is None or isinstance(tuning_cache, tuning.TuningCache):
+            self.tuning_cache = tuning_cache
+        elif isinstance(tuning_cache, (str, os.PathLike)):
+            self.tuning_cache = tuning.TuningCache(tuning_cache)
+        else:
+            raise TypeError(f"tuning_cache: expected a TuningCache, a path or None, got {type(tuning_cache).__name__}")
         self.prepared = _prepare_cute(self) if self.backend is Backend.CUTE else {}
 
     def __repr__(self) -> str:

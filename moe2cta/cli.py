@@ -2,6 +2,7 @@
 
     moe2cta plan ...     the planner: chosen GEMM configurations and their resource budget (moe2cta.plan_cli)
     moe2cta aot ...      build a prebuilt CuTe kernel bundle for a model (moe2cta.aot)
+    moe2cta tune ...     autotune GEMM configurations: build kernels here, time them on the GPU (moe2cta.tune_cli)
     moe2cta bench ...    the serving benchmark, same as `moe2cta-bench` (moe2cta.serving_bench.cli)
     moe2cta backends     which backends can run here, and why not
 
@@ -19,12 +20,13 @@ __all__ = ["main", "SUBCOMMANDS"]
 SUBCOMMANDS = {
     "plan": ("moe2cta.plan_cli", "plan GEMM configurations and print their resource budget"),
     "aot": ("moe2cta.aot", "build a prebuilt CuTe kernel bundle (MOE2CTA_KERNEL_DIR) for a model"),
+    "tune": ("moe2cta.tune_cli", "autotune GEMM configurations (build kernels, then time them on the GPU)"),
     "bench": ("moe2cta.serving_bench.cli", "run the serving benchmark (same as moe2cta-bench)"),
 }
 
 
 def _usage() -> str:
-    lines = ["usage: moe2cta {plan,aot,bench,backends} [ARGS...]", "", "subcommands:"]
+    lines = ["usage: moe2cta {plan,aot,tune,bench,backends} [ARGS...]", "", "subcommands:"]
     for name, (_, what) in SUBCOMMANDS.items():
         lines.append(f"  {name:<9} {what}")
     lines.append(f"  {'backends':<9} show which backends (torch, triton, cute) can run on this machine")

@@ -19,12 +19,19 @@ Location: the `path` argument, else env MOE2CTA_TUNING_CACHE (read when called, 
 
 Rules: `autotune` refuses to run while a CUDA graph is being captured (call it before capture); it times
 candidates through a caller-supplied runner (candidate, problem) -> zero-argument callable, so the kernel
-families stay out of this module; a candidate whose runner raises is skipped and reported.
+families stay out of this module; a candidate whose runner raises is skipped and reported, and with a
+`check` a candidate whose output is wrong is reported and never cached. The candidates timed per bucket are
+`candidates_to_time`: the family default (what the layer runs untuned) and the planner's top shapes; the
+`moe2cta tune` command (moe2cta/tune_cli.py) compiles exactly those ahead of time and times them on the GPU.
+
+Layer lookup: `kernel_configs_for_layer` maps a batch (num_tokens, top_k) to its bucket and returns the
+kernel family's config objects from the cache, or None ("use the family default"); host-only and memoized.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -54,7 +61,14 @@ __all__ = [
     "layer_configs",
     "cuda_event_timer",
     "cute_runner",
+    "CuteRunner",
     "candidate_from_dict",
+    "Trial",
+    "family_default_candidate",
+    "candidates_to_time",
+    "batched_event_timer",
+    "layer_bucket",
+    "kernel_configs_for_layer",
 ]
 
 FORMAT = "moe2cta-tuning"
@@ -170,6 +184,8 @@ class TuningCache:
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = default_cache_path(path)
         self.entries: dict[str, TuningEntry] = {}
+        self.version = 0  # bumped by put(): memoized lookups (kernel_configs_for_layer) see the change
+        self._layer_memo: dict = {}
         if self.path.exists():
             self._load()
 
@@ -196,6 +212,7 @@ class TuningCache:
 
     def put(self, entry: TuningEntry) -> None:
         self.entries[entry.key.to_str()] = entry
+        self.version += 1
 
     def to_json(self) -> dict:
         return {
@@ -262,6 +279,59 @@ def cuda_event_timer(fn: Callable[[], None], warmup: int = 3, repeats: int = 20)
     return statistics.median(times)
 
 
+def batched_event_timer(fn: Callable[[], None], warmup: int = 2, samples: int = 5, target_seconds: float = 3e-4,
+                        max_batch: int = 20, graph: bool = True) -> float:
+    """Median seconds per fn() by CUDA events over batches of back-to-back calls (GPU only; cheap for tuning).
+
+    The batch is sized so it lasts about target_seconds (at most max_batch calls). With `graph` the batch is
+    captured once in a CUDA graph and replayed, so host overhead (Python wrappers, launch) is not measured
+    as kernel time (small decode kernels would all look alike otherwise) -- the way serving runs them; if
+    capture fails, eager batches are timed instead.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("batched_event_timer: no CUDA device; pass a timer for CPU tests")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    once = max(start.elapsed_time(end) * 1e-3, 1e-7)
+    batch = max(1, min(max_batch, round(target_seconds / once)))
+    run_batch = None
+    if graph:
+        try:
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph, stream=stream):
+                for _ in range(batch):
+                    fn()
+            run_batch = cuda_graph.replay
+            run_batch()
+            torch.cuda.synchronize()
+        except Exception:  # not capturable: time eager batches
+            torch.cuda.synchronize()
+            run_batch = None
+    if run_batch is None:
+        def run_batch():
+            for _ in range(batch):
+                fn()
+    times = []
+    for _ in range(samples):
+        start.record()
+        run_batch()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3 / batch)
+    return statistics.median(times)
+
+
 def _family_entry_points(arch: Arch):
     """(grouped_gemm1, grouped_gemm2, prepack_w13) of the CuTe family of `arch` (imported on use)."""
     from .grouped_gemm import sm90_grouped_gemm
@@ -273,46 +343,214 @@ def _family_entry_points(arch: Arch):
     return sm100_grouped_gemm.sm100_grouped_gemm1, sm100_grouped_gemm.sm100_grouped_gemm2, sm90_grouped_gemm.prepack_w13
 
 
-def cute_runner(device: str = "cuda", seed: int = 0):
-    """A runner for `autotune` over the CuTe families: random inputs in the padded layout of docs/design.md.
-
-    runner(candidate, problem) builds A [rows, K] (rows per expert padded to max(128, block_m)), the
-    weights (made once per shape, reused by every candidate and bucket; GEMM1 prepacked), counts and
-    row offsets, and returns a callable running the family's grouped GEMM with the candidate's config.
-    Written for the GPU and only checked on the CPU with stand-in kernels (no device time was used).
-    """
+def sm90_problem(problem: planner.GemmProblem):
+    """The sm90 family's Sm90Problem of a planner problem (GEMM1: SwiGLU unless given; GEMM2: no activation)."""
     import torch
 
-    weights: dict = {}
+    from .grouped_gemm import sm90_grouped_gemm as s90
 
-    def runner(candidate: planner.Candidate, problem: planner.GemmProblem) -> Callable[[], None]:
-        config = planner.to_kernel_config(candidate, problem)
-        if config is None:
-            raise RuntimeError(f"cute_runner: no {candidate.arch.value} kernel family in this build")
-        gemm1, gemm2, prepack = _family_entry_points(candidate.arch)
+    gated = problem.kind is planner.GemmKind.GEMM1
+    return s90.Sm90Problem(GemmStage.GEMM1 if gated else GemmStage.GEMM2, problem.n, problem.k, problem.num_experts,
+                           getattr(torch, problem.dtype), (problem.activation or Activation.SWIGLU) if gated else None,
+                           problem.has_bias, problem.has_row_scale and not gated)
+
+
+def family_default_candidate(problem: planner.GemmProblem, arch: Arch | str) -> planner.Candidate | None:
+    """The family's default_config (what the layer runs with config=None) as a planner Candidate.
+
+    Same compiled kernel (kernel_key) as the default: its stage count is the one the default resolves to.
+    None for families without such a mapping here (sm_100a: not yet).
+    """
+    arch = Arch.parse(arch)
+    if arch is not Arch.SM90:
+        return None
+    from .grouped_gemm import sm90_grouped_gemm as s90
+
+    config = s90.default_config(sm90_problem(problem))
+    return planner.make_candidate(arch, config.work_unit, config.tile_m * config.cluster_m, config.tile_n,
+                                  config.tile_k, s90.resolve_stages(config))
+
+
+def candidates_to_time(problem: planner.GemmProblem, arch: Arch | str, top: int, *, baseline: bool = True,
+                       hardware: planner.Hardware | None = None) -> list[tuple[str, planner.Candidate]]:
+    """[(role, candidate)] that autotune times for one bucket, in order: the family default (role "default",
+    when `baseline`), then the planner's best candidate of each of its `top` best shapes ("planner 1", ...).
+
+    A candidate that appears twice is timed once, its roles joined ("default = planner 2"). `moe2cta tune
+    build` compiles exactly these kernels, so the bundle and the run agree.
+    """
+    arch = Arch.parse(arch)
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top: expected an int >= 1, got {top!r}")
+    result = planner.search(problem, arch, hardware)
+    out: list[list] = []
+    default = family_default_candidate(problem, arch) if baseline else None
+    if default is not None:
+        out.append(["default", default])
+    for i, ev in enumerate(planner.best_per_shape(result.ranked)[:top], 1):
+        for item in out:
+            if item[1] == ev.candidate:
+                item[0] += f" = planner {i}"
+                break
+        else:
+            out.append([f"planner {i}", ev.candidate])
+    return [(role, cand) for role, cand in out]
+
+
+class CuteRunner:
+    """A runner for `autotune` over the CuTe families, with an output check against the torch twin.
+
+    For each problem (the bucket's representative one) it builds once: A [rows, K] in the padded layout of
+    docs/design.md (rows per expert rounded up to `align`: the layer's dispatch alignment, 128 in MoELayer
+    and in `moe2cta tune`; None: max(128, block_m) of each candidate, one layout per tile height),
+    random weights scaled by K^-1/2 (made once per shape; GEMM1 also prepacked), counts, row offsets and,
+    on the first check, the fp32 twin's output (grouped_gemm/reference.py). Only the latest problem's
+    tensors are kept. runner(candidate, problem) returns a callable running the family's grouped GEMM with
+    the candidate's config, kernels from `kernel_directory` (else $MOE2CTA_KERNEL_DIR, else JIT).
+    check(candidate, problem, fn) -> (ok, detail): output rows first set to NaN, one run, then every
+    valid row within 4x the bf16/fp16 rounding error of the twin (the error of an ideal same-dtype run),
+    at least 1e-3 of the largest output.
+    """
+
+    def __init__(self, device: str = "cuda", seed: int = 0, align: int | None = None, kernel_directory=None):
+        if align is not None and (isinstance(align, bool) or not isinstance(align, int) or align < 128 or align % 128):
+            raise ValueError(f"align: expected None or a multiple of 128 (the kernels' row blocks), got {align!r}")
+        self.device, self.seed, self.align, self.kernel_directory = device, seed, align, kernel_directory
+        self._weights: dict = {}
+        self._inputs: tuple | None = None  # ((problem, align), tensors dict) of the latest problem
+
+    def _weights_for(self, problem: planner.GemmProblem):
+        import torch
+
+        wkey = (problem.kind, problem.num_experts, problem.n, problem.k, problem.dtype, problem.has_bias)
+        if wkey not in self._weights:
+            gen = torch.Generator(device=self.device).manual_seed(self.seed + 1)
+            dtype = getattr(torch, problem.dtype)
+            w = torch.randn(problem.num_experts, problem.n, problem.k, device=self.device, dtype=dtype, generator=gen)
+            w.mul_(problem.k ** -0.5)
+            bias = (torch.randn(problem.num_experts, problem.n, device=self.device, generator=gen) * 0.1
+                    if problem.has_bias else None)
+            _, _, prepack = _family_entry_points(Arch.SM90)
+            packed = prepack(w) if problem.kind is planner.GemmKind.GEMM1 else w
+            self._weights = {wkey: (w, packed, bias)}  # one shape at a time: the weights can be large
+        return self._weights[wkey]
+
+    def _align_for(self, candidate: planner.Candidate | None) -> int:
+        if self.align is not None:
+            return self.align
+        return max(128, candidate.block_m) if candidate is not None else 128
+
+    def inputs(self, problem: planner.GemmProblem, candidate: planner.Candidate | None = None) -> dict:
+        """The tensors of `problem` in the layout `candidate` runs on (all candidates alike when align is set)."""
+        import torch
+
+        align = self._align_for(candidate)
+        if self._inputs is not None and self._inputs[0] == (problem, align):
+            return self._inputs[1]
+        self._inputs = None
+        gen = torch.Generator(device=self.device).manual_seed(self.seed)
         dtype = getattr(torch, problem.dtype)
-        gen = torch.Generator(device=device).manual_seed(seed)
-        align = max(128, candidate.block_m)
         counts = torch.tensor(problem.counts, dtype=torch.int32)
         row_offsets = torch.zeros(problem.num_experts + 1, dtype=torch.int32)
         row_offsets[1:] = torch.cumsum((counts + align - 1) // align * align, 0)
         rows = max(int(row_offsets[-1]), align)
-        a = torch.randn(rows, problem.k, device=device, dtype=dtype, generator=gen)
-        wkey = (problem.kind, problem.num_experts, problem.n, problem.k, problem.dtype)
-        if wkey not in weights:
-            w = torch.randn(problem.num_experts, problem.n, problem.k, device=device, dtype=dtype, generator=gen)
-            w.mul_(problem.k ** -0.5)
-            weights[wkey] = prepack(w) if problem.kind is planner.GemmKind.GEMM1 else w
-        w = weights[wkey]
-        out = torch.empty(rows, problem.out_columns, device=device, dtype=dtype)
-        offsets, counts = row_offsets.to(device), counts.to(device)
+        w, packed, bias = self._weights_for(problem)
+        tensors = {
+            "a": torch.randn(rows, problem.k, device=self.device, dtype=dtype, generator=gen),
+            "w": w, "packed": packed, "bias": bias,
+            "row_offsets": row_offsets.to(self.device), "counts": counts.to(self.device),
+            "out": torch.empty(rows, problem.out_columns, device=self.device, dtype=dtype),
+            "row_scale": (torch.rand(rows, device=self.device, generator=gen) + 0.5) if problem.has_row_scale else None,
+            "reference": None,
+        }
+        self._inputs = ((problem, align), tensors)
+        return tensors
+
+    def __call__(self, candidate: planner.Candidate, problem: planner.GemmProblem) -> Callable[[], None]:
+        config = planner.to_kernel_config(candidate, problem)
+        if config is None:
+            raise RuntimeError(f"cute_runner: no {candidate.arch.value} kernel family in this build")
+        gemm1, gemm2, _ = _family_entry_points(candidate.arch)
+        t = self.inputs(problem, candidate)
+        extra = {} if self.kernel_directory is None else {"kernel_directory": self.kernel_directory}
         if problem.kind is planner.GemmKind.GEMM1:
             activation = problem.activation or Activation.SWIGLU
-            return lambda: gemm1(a, w, offsets, counts, activation, out=out, config=config)
-        scale = torch.rand(rows, device=device, generator=gen) if problem.has_row_scale else None
-        return lambda: gemm2(a, w, offsets, counts, row_scale=scale, out=out, config=config)
+            if t["bias"] is not None:
+                extra["b13"] = t["bias"]
+            return lambda: gemm1(t["a"], t["packed"], t["row_offsets"], t["counts"], activation, out=t["out"],
+                                 config=config, **extra)
+        if t["bias"] is not None:
+            extra["b2"] = t["bias"]
+        return lambda: gemm2(t["a"], t["w"], t["row_offsets"], t["counts"], row_scale=t["row_scale"], out=t["out"],
+                             config=config, **extra)
 
-    return runner
+    def reference(self, problem: planner.GemmProblem, candidate: planner.Candidate | None = None):
+        """The fp32 twin's output for the problem's inputs, [valid rows, out_columns] (computed once)."""
+        import torch
+
+        from .grouped_gemm import reference as twin
+
+        t = self.inputs(problem, candidate)
+        if t["reference"] is None:
+            ref = torch.zeros(t["out"].shape, dtype=torch.float32, device=self.device)
+            if problem.kind is planner.GemmKind.GEMM1:
+                twin.grouped_gemm1_reference(t["a"], t["w"], t["row_offsets"], t["counts"],
+                                             problem.activation or Activation.SWIGLU, b13=t["bias"], out=ref)
+            else:
+                twin.grouped_gemm2_reference(t["a"], t["w"], t["row_offsets"], t["counts"], row_scale=t["row_scale"],
+                                             b2=t["bias"], out=ref)
+            t["reference"] = ref[self._valid_rows(t)]
+        return t["reference"]
+
+    @staticmethod
+    def _valid_rows(t: dict):
+        """Row indices of the valid (non-padding) rows, made once per inputs."""
+        import torch
+
+        if t.get("valid_rows") is None:
+            starts, counts = t["row_offsets"][:-1].tolist(), t["counts"].tolist()
+            index = [torch.arange(s, s + c) for s, c in zip(starts, counts) if c > 0]
+            device = t["out"].device
+            t["valid_rows"] = torch.cat(index).to(device) if index else torch.zeros(0, dtype=torch.long, device=device)
+        return t["valid_rows"]
+
+    def check(self, candidate: planner.Candidate, problem: planner.GemmProblem, fn: Callable[[], None]) -> tuple[bool, str]:
+        import torch
+
+        t = self.inputs(problem, candidate)
+        ref = self.reference(problem, candidate)
+        t["out"].fill_(float("nan"))
+        fn()
+        got = t["out"][self._valid_rows(t)].float()
+        if not bool(torch.isfinite(got).all()):
+            return False, "non-finite or unwritten output rows"
+        if t.get("tolerance") is None:  # once per inputs: the twin's own rounding error to the output dtype
+            rounding = float((ref.to(getattr(torch, problem.dtype)).float() - ref).abs().max()) if ref.numel() else 0.0
+            scale = float(ref.abs().max()) if ref.numel() else 0.0
+            t["tolerance"] = (max(4 * rounding, 1e-3 * scale), scale)
+        tol, scale = t["tolerance"]
+        err = float((got - ref).abs().max()) if ref.numel() else 0.0
+        if err > tol:
+            return False, f"max error {err:.3g} > tolerance {tol:.3g} (largest output {scale:.3g})"
+        return True, f"max error {err:.3g} <= {tol:.3g}"
+
+
+def cute_runner(device: str = "cuda", seed: int = 0, align: int | None = None, kernel_directory=None) -> CuteRunner:
+    """A CuteRunner (see there): runner(candidate, problem) -> callable, plus .check for autotune(check=...)."""
+    return CuteRunner(device, seed, align, kernel_directory)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One candidate of one bucket as autotune saw it. status: "ok", "wrong" (check failed) or "failed"."""
+
+    bucket: int
+    role: str  # "default", "planner 1", "default = planner 2", ...
+    candidate: planner.Candidate
+    status: str
+    seconds: float | None = None
+    detail: str = ""
+    model_seconds: float | None = None
 
 
 def autotune(
@@ -328,17 +566,23 @@ def autotune(
     save: bool = True,
     hardware: planner.Hardware | None = None,
     log: Callable[[str], None] | None = None,
+    check: Callable[[planner.Candidate, planner.GemmProblem, Callable[[], None]], tuple[bool, str]] | None = None,
+    baseline: bool = True,
+    trials: list | None = None,
     **fields,
 ) -> dict[int, TuningEntry]:
-    """Measure the planner's `top` candidates per bucket and store the fastest in the cache.
+    """Measure the candidates of each bucket (candidates_to_time) and store the fastest in the cache.
 
     key: the static facts (its bucket field is replaced per bucket); buckets default to TUNE_BUCKETS (up to
     4096 rows per expert: the representative problem of larger ones is too big to time cheaply).
     runner(candidate, problem) prepares inputs and returns a callable that runs the kernel once (e.g.
-    cute_runner()); timer(fn) returns seconds (default: CUDA events). fields: further GemmProblem fields
-    (activation, has_bias, has_row_scale); the dtype comes from the key. The heuristic's first choice is
-    always among those timed, so tuning never does worse than the model on the measured problem.
-    Returns {bucket: entry}.
+    cute_runner()); timer(fn) returns seconds (default: CUDA events). check(candidate, problem, fn) ->
+    (ok, detail) runs the kernel once and compares it with a reference before it is timed: a wrong
+    candidate is reported (log, trials) and never cached. baseline: also time the family default (what the
+    layer runs untuned). trials: a list that receives one Trial per candidate. fields: further GemmProblem
+    fields (activation, has_bias, has_row_scale); the dtype comes from the key. The heuristic's first choice
+    is always among those timed, so tuning never does worse than the model on the measured problem.
+    Returns {bucket: entry}; entry.heuristic_seconds is the planner's first choice's time.
     """
     _check_not_capturing()
     arch = Arch.parse(arch)
@@ -348,37 +592,47 @@ def autotune(
         raise ValueError(f"top: expected an int >= 1, got {top!r}")
     timer = timer or cuda_event_timer
     cache = cache if cache is not None else TuningCache()
+    hw = hardware or planner.HARDWARE[arch]
     results: dict[int, TuningEntry] = {}
     for bucket in (TUNE_BUCKETS if buckets is None else tuple(buckets)):
         bkey = key.with_bucket(bucket)
         problem = bucket_problem(kind, key.num_experts, key.n, key.k, bucket, dtype=key.dtype, **fields)
-        result = planner.search(problem, arch, hardware)
-        if not result.ranked:
+        chosen = candidates_to_time(problem, arch, top, baseline=baseline, hardware=hw)
+        if not chosen:
             if log:
                 log(f"{bkey.to_str()}: no candidate fits, skipped")
             continue
-        shapes = planner.best_per_shape(result.ranked)[:top]
         best: tuple[float, planner.Candidate] | None = None
         heuristic_seconds = None
-        for i, ev in enumerate(shapes):
+        for role, candidate in chosen:
+            ev = planner.evaluate(candidate, problem, hw)
+            model = ev.prediction.seconds if ev.ok else None
+            seconds, status, detail = None, "ok", ""
             try:
-                fn = runner(ev.candidate, problem)
-                seconds = float(timer(fn))
+                fn = runner(candidate, problem)
+                if check is not None:
+                    good, detail = check(candidate, problem, fn)
+                    status = "ok" if good else "wrong"
+                if status == "ok":
+                    seconds = float(timer(fn))
             except Exception as exc:  # a candidate that fails to build or run is skipped, not fatal
-                if log:
-                    log(f"{bkey.to_str()}: {ev.candidate.label()} failed: {type(exc).__name__}: {exc}")
-                continue
-            if i == 0:
-                heuristic_seconds = seconds
+                status, detail = "failed", f"{type(exc).__name__}: {exc}"
+            if trials is not None:
+                trials.append(Trial(bucket, role, candidate, status, seconds, detail, model))
             if log:
-                log(f"{bkey.to_str()}: {ev.candidate.label()} {seconds * 1e6:.1f} us "
-                    f"(model {ev.prediction.seconds * 1e6:.1f} us)")
+                what = f"{seconds * 1e6:.1f} us" if seconds is not None else f"{status.upper()}: {detail}"
+                model_text = f" (model {model * 1e6:.1f} us)" if model is not None else ""
+                log(f"{bkey.to_str()}: [{role}] {candidate.label()} {what}{model_text}")
+            if seconds is None:
+                continue
+            if "planner 1" in role.split(" = "):
+                heuristic_seconds = seconds
             if best is None or seconds < best[0]:
-                best = (seconds, ev.candidate)
+                best = (seconds, candidate)
         if best is None:
             continue
         created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        entry = TuningEntry(bkey, best[1], best[0], len(shapes), heuristic_seconds, created)
+        entry = TuningEntry(bkey, best[1], best[0], len(chosen), heuristic_seconds, created)
         cache.put(entry)
         results[bucket] = entry
     if save and results:
@@ -462,3 +716,107 @@ def layer_configs(
         out[kind.value] = (evaluation, source)
     return out
 
+
+
+def layer_bucket(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """The bucket of one MoE forward: token_bucket(rows / experts hit), rows = num_tokens * top_k, experts hit
+    as expected under uniform routing (planner.expected_experts_hit; at most E, at most the rows)."""
+    for name, value in (("num_tokens", num_tokens), ("top_k", top_k), ("num_experts", num_experts)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "num_tokens" else 1):
+            raise ValueError(f"{name}: expected an int >= {0 if name == 'num_tokens' else 1}, got {value!r}")
+    if num_tokens == 0:
+        return 1
+    hit = planner.expected_experts_hit(num_tokens, top_k, num_experts)
+    return token_bucket(num_tokens * top_k / hit)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(index: int) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(index)
+
+
+def _current_gpu_name(arch: Arch) -> str:
+    """The current CUDA device's name (what `moe2cta tune run` keys entries by), else the planner's for arch."""
+    try:
+        import torch
+    except ImportError:
+        return planner.HARDWARE[arch].name
+    if torch.cuda.is_available():
+        return _device_name(torch.cuda.current_device())
+    return planner.HARDWARE[arch].name
+
+
+def _dtype_text(dtype) -> str:
+    name = str(dtype).replace("torch.", "")
+    if name not in ("bfloat16", "float16"):
+        raise ValueError(f"dtype: expected bfloat16 or float16 (torch dtype or name), got {dtype!r}")
+    return name
+
+
+def kernel_configs_for_layer(
+    arch: Arch | str,
+    hidden: int,
+    intermediate: int,
+    num_experts: int,
+    top_k: int,
+    num_tokens: int,
+    activation=None,
+    has_bias: bool = False,
+    dtype="bfloat16",
+    cache: TuningCache | None = None,
+    *,
+    gemm2_row_scale: bool = True,
+    gpu: str | None = None,
+) -> tuple[object | None, object | None, str]:
+    """(gemm1_config, gemm2_config, source) for the CuTe path of one MoE forward of num_tokens tokens.
+
+    A config is the kernel family's object (Sm90GemmConfig / Sm100GemmConfig) when the cache holds this
+    layer's bucket (layer_bucket) for that GEMM, else None: "use the family default" (config=None). A cached
+    entry the current kernels reject (a stale file) also gives None. gemm2_row_scale: GEMM2 scales rows by
+    the router weights (router weight on the output, the default; `moe2cta tune` tunes that epilogue only,
+    so with False GEMM2 stays on the default unless such entries exist: its kernel may not be bundled). source: "tuned (bucket B)", "default (...)"
+    with the reason, or "gemm1 ...; gemm2 ..." when the two differ. Host-only, no GPU work, no sync:
+    memoized on the cache object, so after the first call per bucket it is a dict lookup. gpu: the cache
+    key's GPU name (default: the current CUDA device's name, else the planner's name for arch).
+    """
+    arch = Arch.parse(arch)
+    bucket = layer_bucket(num_tokens, top_k, num_experts)
+    if cache is None:
+        return None, None, "default (no tuning cache)"
+    if not isinstance(cache, TuningCache):
+        raise TypeError(f"cache: expected a TuningCache or None, got {type(cache).__name__}")
+    dtype_name = _dtype_text(dtype)
+    activation = Activation.parse(activation) if activation is not None else Activation.SWIGLU
+    gpu = gpu or _current_gpu_name(arch)
+    memo_key = (arch, hidden, intermediate, num_experts, bucket, activation, bool(has_bias), dtype_name, gpu,
+                bool(gemm2_row_scale))
+    memo = cache._layer_memo
+    if memo_key in memo and memo[memo_key][0] == cache.version:
+        return memo[memo_key][1]
+    shapes = (
+        (planner.GemmKind.GEMM1, 2 * intermediate, hidden, dict(activation=activation, has_bias=bool(has_bias))),
+        (planner.GemmKind.GEMM2, hidden, intermediate, dict(has_bias=bool(has_bias), has_row_scale=bool(gemm2_row_scale))),
+    )
+    configs, sources = [], []
+    for kind, n, k, fields in shapes:
+        key = TuningKey(gpu, dtype_name, num_experts, n, k, epilogue_name(kind, **fields), bucket)
+        entry = cache.get(key)
+        if entry is None:
+            configs.append(None)
+            sources.append(f"default (bucket {bucket} not tuned)")
+            continue
+        problem = bucket_problem(kind, num_experts, n, k, bucket, dtype=dtype_name, **fields)
+        try:
+            config = planner.to_kernel_config(entry.candidate, problem)
+        except ValueError as exc:
+            configs.append(None)
+            sources.append(f"default (cached {key.to_str()} rejected: {exc})")
+            continue
+        configs.append(config)
+        sources.append(f"tuned (bucket {bucket})" if config is not None else "default (no kernel family here)")
+    source = sources[0] if sources[0] == sources[1] else f"gemm1 {sources[0]}; gemm2 {sources[1]}"
+    result = (configs[0], configs[1], source)
+    memo[memo_key] = (cache.version, result)
+    return result

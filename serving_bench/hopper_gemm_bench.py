@@ -98,13 +98,17 @@ def bench_variants():
     return out
 
 
-def experimental_variants():
-    """Built but not yet validated on hardware (run with --experimental): PINGPONG consumers."""
+def pingpong_variants():
+    """PINGPONG consumers (validated on the H200 2026-11-29: checks, racecheck): checks named x_*, bench rows."""
     pp = s90.Consumers.PINGPONG
     bf = torch.bfloat16
     out = [
         ("x_g1_swiglu_pingpong", Cfg(tile_n=128, consumers=pp), Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU)),
         ("x_g2_rowscale_bias_pingpong_dynamic", Cfg(tile_n=128, consumers=pp, scheduler=s90.Scheduler.DYNAMIC),
+         Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, True, True)),
+        # "_many": enough rows that every CTA takes several units, so both warpgroups alternate
+        ("x_g1_swiglu_pingpong_many", Cfg(tile_n=128, consumers=pp), Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU)),
+        ("x_g2_rowscale_bias_pingpong_dynamic_many", Cfg(tile_n=128, consumers=pp, scheduler=s90.Scheduler.DYNAMIC),
          Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, True, True)),
     ]
     for model, (hidden, inter, experts, _) in BENCH_MODELS.items():
@@ -121,8 +125,7 @@ def experimental_variants():
 def build(out_dir: str, keep_ptx: bool) -> None:
     seen = set()
     start = time.time()
-    s90.allow_unvalidated_configs(True)  # the bundle also carries the experimental kernels
-    for name, cfg, problem in check_variants() + bench_variants() + experimental_variants():
+    for name, cfg, problem in check_variants() + bench_variants() + pingpong_variants():
         key = s90.kernel_key(cfg, problem)
         if key in seen:
             continue
@@ -200,7 +203,8 @@ def call(cfg, problem, a, w, ro, cn, bias, row_scale, out, kdir):
 
 def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     dev = torch.device("cuda")
-    tokens, top_k, experts = 300, 4, problem.num_experts
+    # "_many" variants: ~3 units per CTA on 132 SMs (the persistent loop and pipeline phases wrap)
+    tokens, top_k, experts = (8192 if name.endswith("_many") else 300), 4, problem.num_experts
     counts = make_counts(routing, tokens, top_k, experts, gen)
     max_rows = tokens * top_k + experts * (ALIGN - 1)
     ro = padded_layout(counts, max_rows)
@@ -249,10 +253,10 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
 
 
 def run_checks(kdir, dog, only=None, routings=("random", "skewed", "zero_experts", "one_expert"),
-               experimental=False) -> list:
+               pingpong=True) -> list:
     gen = torch.Generator().manual_seed(1234)
     results = []
-    variants = check_variants() + ([v for v in experimental_variants() if v[0].startswith("x_")] if experimental else [])
+    variants = check_variants() + ([v for v in pingpong_variants() if v[0].startswith("x_")] if pingpong else [])
     for name, cfg, problem in variants:
         if only and name not in only:
             continue
@@ -288,7 +292,7 @@ def time_graph(fn, copies: int, replays: int = 20) -> float:
     return times[len(times) // 2]
 
 
-def run_bench(kdir, dog, tokens_list, experimental=False) -> list:
+def run_bench(kdir, dog, tokens_list, pingpong=True) -> list:
     gen = torch.Generator().manual_seed(7)
     dev = torch.device("cuda")
     results = []
@@ -317,7 +321,7 @@ def run_bench(kdir, dog, tokens_list, experimental=False) -> list:
                 G1: grouped_gemm1_reference(a1[0], w13_public, ro, cn, Activation.SWIGLU)[mask].float(),
                 G2: grouped_gemm2_reference(a2[0], w2, ro, cn, rs)[mask].float(),
             }
-            extra = [v for v in experimental_variants() if not v[0].startswith("x_")] if experimental else []
+            extra = [v for v in pingpong_variants() if not v[0].startswith("x_")] if pingpong else []
             for name, cfg, problem in bench_variants() + extra:
                 if not name.startswith(model):
                     continue
@@ -360,7 +364,7 @@ def main(argv=None) -> int:
     r.add_argument("--watchdog", type=float, default=60.0, help="seconds one kernel call may take")
     r.add_argument("--skip-bench", action="store_true")
     r.add_argument("--only", nargs="*", default=None, help="check variants to run")
-    r.add_argument("--experimental", action="store_true", help="also run the not-yet-validated variants")
+    r.add_argument("--no-pingpong", action="store_true", help="leave out the PINGPONG variants")
     r.add_argument("--routings", nargs="*", default=["random", "skewed", "zero_experts", "one_expert"])
     r.add_argument("--tokens", type=int, nargs="*", default=[16, 256, 2048, 8192])
     args = parser.parse_args(argv)
@@ -368,12 +372,11 @@ def main(argv=None) -> int:
         build(args.out, args.keep_ptx)
         return 0
     dog = Watchdog(args.watchdog)
-    s90.allow_unvalidated_configs(args.experimental)
     report = {"device": torch.cuda.get_device_name(), "checks": [], "bench": []}
     if not args.skip_check:
-        report["checks"] = run_checks(args.kernel_dir, dog, args.only, args.routings, args.experimental)
+        report["checks"] = run_checks(args.kernel_dir, dog, args.only, args.routings, not args.no_pingpong)
     if not args.skip_bench:
-        report["bench"] = run_bench(args.kernel_dir, dog, args.tokens, args.experimental)
+        report["bench"] = run_bench(args.kernel_dir, dog, args.tokens, not args.no_pingpong)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

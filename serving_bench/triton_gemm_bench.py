@@ -65,6 +65,12 @@ SWEEP = {
     "prefill": [_cfg(128, 128, 64, 8, 4, 8, 1, T), _cfg(128, 128, 64, 8, 3, 8, 1, T), _cfg(128, 128, 64, 8, 3, 8, 1),
                 _cfg(128, 256, 64, 8, 3, 8, 1, T), _cfg(128, 256, 64, 8, 4, 8, 1, T), _cfg(64, 128, 64, 4, 4, 8, 2, T)],
 }
+# --wide: more prefill shapes, rasters and depths (GEMM1 variants over the register bound are dropped by
+# can_implement): group_m 4 / 16, 128-deep K steps, 256-row and 64-wide tiles, 64-row tiles 2 per SM.
+WIDE_PREFILL = [_cfg(128, 128, 64, 8, 4, 4, 1, T), _cfg(128, 128, 64, 8, 4, 16, 1, T), _cfg(128, 128, 128, 8, 3, 8, 1, T),
+                _cfg(256, 128, 64, 8, 3, 8, 1, T), _cfg(256, 128, 64, 8, 4, 8, 1, T), _cfg(128, 64, 64, 4, 4, 8, 1, T),
+                _cfg(128, 256, 64, 8, 3, 4, 1, T), _cfg(128, 256, 64, 8, 4, 16, 1, T), _cfg(64, 256, 64, 4, 4, 8, 2, T),
+                _cfg(64, 128, 64, 4, 3, 8, 2, T), _cfg(128, 128, 64, 4, 4, 8, 1, T)]
 
 
 def torch_dispatch(topk_ids: torch.Tensor, num_experts: int, align: int = ALIGN,
@@ -92,8 +98,8 @@ def torch_dispatch(topk_ids: torch.Tensor, num_experts: int, align: int = ALIGN,
 
 def bucket_of(config: TritonGemmConfig, problem: GroupedGemmProblem) -> str:
     active = problem.num_experts * (1 - (1 - 1 / problem.num_experts) ** max(1, problem.routed_rows))
-    per = problem.routed_rows / max(1.0, active)
-    return "decode" if per <= 16 else ("small" if per <= 64 else "prefill")
+    per = round(problem.routed_rows / max(1.0, active), 3)  # the buckets of default_config
+    return "decode" if per < 16 else ("small" if per <= 32 else "prefill")
 
 
 def gather_options(stage: GemmStage, kind: str, config: TritonGemmConfig) -> tuple[bool, ...]:
@@ -244,6 +250,7 @@ def main(argv=None) -> int:
     parser.add_argument("--routings", type=int, default=4, help="routings replayed back to back (L2 rotation)")
     parser.add_argument("--compile-workers", type=int, default=12)
     parser.add_argument("--defaults-only", action="store_true", help="time only the default config")
+    parser.add_argument("--wide", action="store_true", help="a wider prefill sweep (WIDE_PREFILL), also for 'small'")
     parser.add_argument("--out", default=None, help="JSON file for the rows")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -252,6 +259,9 @@ def main(argv=None) -> int:
     if args.defaults_only:
         for key in SWEEP:
             SWEEP[key] = []
+    if args.wide:
+        SWEEP["prefill"] = SWEEP["prefill"] + WIDE_PREFILL
+        SWEEP["small"] = SWEEP["small"] + WIDE_PREFILL
 
     t0 = time.time()
     jobs = all_jobs(args.models, args.tokens)

@@ -400,3 +400,19 @@ def test_gpu_hot_path_has_no_host_sync_and_replays_in_a_graph(backend):
     want = moe_reference(hidden, layer["w13"], layer["w2"], weights, ids, dtype=torch.float64)
     same = moe_reference(hidden, layer["w13"], layer["w2"], weights, ids, dtype=torch.bfloat16)
     assert rel_err(static_out, want) <= 2 * rel_err(same, want) + 1e-3
+
+
+def test_layer_tuning_cache_argument(tmp_path):
+    """tuning_cache: a TuningCache, a path (loaded lazily) or None; anything else is a TypeError naming it."""
+    from moe2cta import tuning
+
+    w13 = torch.randn(4, 2 * 16, 32)
+    w2 = torch.randn(4, 32, 16)
+    routing = RoutingConfig(top_k=2)
+    layer = MoELayer(w13, w2, routing=routing, backend="torch", tuning_cache=tmp_path / "tuning.json")
+    assert isinstance(layer.tuning_cache, tuning.TuningCache)
+    cache = tuning.TuningCache(tmp_path / "other.json")
+    assert MoELayer(w13, w2, routing=routing, backend="torch", tuning_cache=cache).tuning_cache is cache
+    assert MoELayer(w13, w2, routing=routing, backend="torch").tuning_cache is None
+    with pytest.raises(TypeError, match="tuning_cache"):
+        MoELayer(w13, w2, routing=routing, backend="torch", tuning_cache=3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 
 import pytest
+import triton
 import torch
 
 from moe2cta.grouped_gemm import Activation, GemmStage, grouped_gemm1_reference, grouped_gemm2_reference
@@ -172,6 +173,24 @@ def test_gemm1_gather_no_bias_cpu(interpret, dtype):
         assert torch.isnan(out[~mask]).all(), "padding rows were written"
 
 
+def test_gemm1_gather_from_slots_cpu(interpret):
+    """a_rows = the dispatch's sorted slots with a_rows_per_source = top_k: the same bits as token indices."""
+    gen = torch.Generator().manual_seed(11)
+    num_experts, top_k, hidden_dim, inter = 8, 3, 64, 32
+    hidden = torch.randn(21, hidden_dim, generator=gen).to(torch.float16)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen) / hidden_dim**0.5).to(torch.float16)
+    disp = make_dispatch(random_topk(21, num_experts, top_k, generator=gen), num_experts, align=16)
+    slots = disp["sorted_slots"]
+    tokens = torch.where(slots >= 0, slots // top_k, -1).to(torch.int32)
+    args = (w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"])
+    by_token = triton_grouped_gemm1(hidden, *args, a_rows=tokens, config=SMALL)
+    by_slot = triton_grouped_gemm1(hidden, *args, a_rows=slots, a_rows_per_source=top_k, config=SMALL)
+    mask = valid_mask(disp)
+    assert torch.equal(by_slot[mask], by_token[mask])
+    with pytest.raises(ValueError, match="a_rows_per_source"):
+        triton_grouped_gemm1(hidden, *args, a_rows=slots, a_rows_per_source=0, config=SMALL)
+
+
 def test_gemm1_gather_minus_one_loads_zeros_cpu(interpret):
     """A valid row whose a_rows entry is -1 reads zeros: act(b13) with a bias."""
     gen = torch.Generator().manual_seed(3)
@@ -244,7 +263,9 @@ def test_default_config_cpu(interpret):
 
     assert pick(8).block_m == 16
     assert pick(32 * 8).block_m == 16  # T=32, k=8: 2 rows per active expert
-    assert pick(64 * 128).block_m == 64
+    assert pick(32 * 128).block_m == 64  # 32 rows per expert: small bucket
+    assert pick(64 * 128).block_m == 128  # 64 rows per expert: 128-row tiles read the weights half as often
+    assert pick(64 * 128, GemmStage.GEMM2).num_stages == 3
     assert pick(4096 * 8).block_m == 128
     for rows in (0, 1, 8, 512, 4096, 32768, 10**6):
         for stage in GemmStage:
@@ -453,3 +474,52 @@ def test_tma_tile_load_gpu(num_tokens):
         out2, ref2, same2 = run_gemm2(disp, a2, w2, torch.rand(disp["max_rows"], device="cuda", generator=gen), b2,
                                       config=config)
         check_close(out2, ref2, same2, mask, floor_for(dtype))
+
+
+# ------------------------------------------------------------------------------------- compile-only (sm_90)
+def _compile_sm90(config_consts: dict, num_warps: int, num_stages: int) -> str:
+    """PTX of the grouped GEMM kernel compiled for sm_90a here (no GPU: Triton's bundled ptxas).
+
+    The caller turns the interpreter off: triton.jit decides compiled vs interpreted when it decorates."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from moe2cta.grouped_gemm import triton_grouped_gemm as tg
+
+    tg._jitted_kernel.cache_clear()  # decorate in compiled mode (the caller turned the interpreter off)
+    fn = tg._jitted_kernel(False)
+    names = fn.arg_names
+    int_ptrs = {"a_rows_ptr", "row_offsets_ptr", "counts_ptr", "tile_offsets_ptr"}
+    ptrs = int_ptrs | {"a_ptr", "w_ptr", "bias_ptr", "row_scale_ptr", "out_ptr"}
+    consts = dict(config_consts)
+    sig = {}
+    for n in names:
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n == "a_desc":
+            sig[n], consts[n] = "constexpr", None
+        elif n == "w_desc":
+            sig[n] = f"tensordesc<bf16[{consts['BLOCK_N']}, {consts['BLOCK_K']}]>"
+        elif n in ptrs:
+            sig[n] = "*i32" if n in int_ptrs else "*bf16"
+        else:
+            sig[n] = "i32"
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    options = {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+@pytest.mark.parametrize("block_m", [16, 128])
+def test_compiles_for_sm90_with_dependent_launch(monkeypatch, block_m):
+    """Compiled (not interpreted) for sm_90: griddepcontrol for the dependent launch; wgmma for 128-row tiles."""
+    pytest.importorskip("triton.backends.nvidia")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    consts = dict(GATED=True, ACTIVATION=0, GATHER=True, ROWS_PER_SOURCE=8, HAS_BIAS=False, HAS_ROW_SCALE=False,
+                  EVEN_K=True, DOT_PRECISION="tf32", BLOCK_E=128, A_TMA=False, W_TMA=True, BLOCK_M=block_m,
+                  BLOCK_N=64 if block_m == 16 else 128, BLOCK_K=256 if block_m == 16 else 64, GROUP_M=1,
+                  DEPENDENT_LAUNCH=True)
+    ptx = _compile_sm90(consts, num_warps=4 if block_m == 16 else 8, num_stages=3)
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    assert "cp.async.bulk.tensor" in ptx  # TMA weight tiles
+    if block_m == 128:
+        assert "wgmma.mma_async" in ptx

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One call on a lent H200: the GPU validation steps that need no full benchmark grid, in priority order,
+# each under its own time limit so that a slow step cannot take the others with it. Logs go to $OUT.
+# Prepared here (no GPU), all git-ignored and named in `carry`:
+#   python3 -m pip wheel --no-deps --no-build-isolation -w .whl .
+#   python serving_bench/hopper_gemm_bench.py build --out .kernels/all-sm90   (+ aot / tune builds into it)
+#   shared/gpu/runtime-bundle.sh .bundle/rt
+# Usage there: LANE0="pingpong racecheck" LANE1="tests layer" bash serving_bench/device_validate.sh
+# Each lane runs its steps in order on its own GPU (lane 1 on GPU 1 when there are two, else after lane 0).
+set -uo pipefail
+out=${OUT:-/tmp/moe2cta-validate}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/moe2cta-site .whl/moe2cta-*.whl || exit 1
+# shellcheck disable=SC1091
+source .bundle/rt/activate.sh
+export PYTHONPATH=/tmp/moe2cta-site:$PYTHONPATH PYTHONUNBUFFERED=1
+kdir=$PWD/.kernels/all-sm90
+export MOE2CTA_KERNEL_DIR=$kdir MOE2CTA_TUNING_CACHE=$out/tuning.json
+repo=$PWD
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$out/gpu.txt"
+step() {  # step NAME SECONDS COMMAND...: run, log, print the tail
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    (cd /tmp && timeout "$limit" "$@") > "$out/$name.txt" 2>&1
+    local rc=$?
+    echo "=== $name rc=$rc $((SECONDS - t0)) s"; grep -v '^\[#' "$out/$name.txt" | tail -"${TAIL:-12}"
+}
+run_step() { case $1 in
+pingpong)  # PINGPONG consumers: checks (incl. several units per CTA), then timings beside the defaults
+    step pingpong 120 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" \
+        --tokens 2048 8192 --json "$out/pingpong.json" ;;
+racecheck)  # shared-memory hazards on small configs of every scheduling / unit / consumer variant
+    step racecheck 110 compute-sanitizer --tool racecheck --racecheck-report hazard \
+        python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
+        --routings random --only g1_swiglu_single g2_rowscale_pair g1_swiglu_dynamic x_g2_rowscale_bias_pingpong_dynamic_many ;;
+tests)
+    step tests 180 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_api.py" \
+        "$repo/tests/test_serving_bench.py" "$repo/tests/test_triton_gemm.py" "$repo/tests/test_tuning.py" ;;
+tune)
+    step tune 90 python3 -m moe2cta.tune_cli run --model qwen3-30b-a3b --arch sm_90a --kernel-dir "$kdir" \
+        --cache "$out/tuning-h200.json" --json "$out/tune.json" --verbose ;;
+router)
+    step router 100 python3 -m moe2cta.serving_bench.router_bench --experts 128 --top-k 8 \
+        --tokens 1 512 4096 32768 --profile --out "$out/router" ;;
+layer)  # decode cells where the launch chain matters (dependent launch, slot gather)
+    step layer 80 python3 -m moe2cta.serving_bench --models qwen3-30b-a3b,gpt-oss-120b,qwen3-235b-a22b \
+        --tokens 1,8,128 --backends triton,grouped-mm --time-per-case 0.05 --out "$out/layer" --progress off --no-plots ;;
+trace)  # the serving trace scenario and the torch-loop backend, then the no-argument default
+    step trace 80 python3 -m moe2cta.serving_bench --models qwen3-30b-a3b --scenario trace --backends triton,cute,torch-loop \
+        --trace-requests 64 --time-per-case 0.05 --out "$out/trace" --progress off
+    step default 80 python3 -m moe2cta.serving_bench --out "$out/default" --progress off ;;
+sweep)  # Triton GEMM configurations at prefill sizes (every model), and the mixed cells
+    step sweep 200 python3 -m moe2cta.serving_bench.triton_gemm_bench --wide --routings 2 --tokens 8192 \
+        --models qwen3-30b-a3b mixtral-8x7b qwen3-235b-a22b deepseek-v3 gpt-oss-120b --out "$out/sweep.json" ;;
+sweep2)
+    step sweep2 150 python3 -m moe2cta.serving_bench.triton_gemm_bench --wide --routings 2 --tokens 512 2048 \
+        --models mixtral-8x7b deepseek-v3 --out "$out/sweep2.json" ;;
+*) echo "unknown step $1" ;;
+esac; }
+lane() { local gpu=$1; shift; for s in "$@"; do CUDA_VISIBLE_DEVICES=$gpu run_step "$s"; done; }
+ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+if [ "$ngpu" -ge 2 ]; then
+    # shellcheck disable=SC2086
+    lane 1 ${LANE1:-} > "$out/lane1.log" 2>&1 &
+    # shellcheck disable=SC2086
+    lane 0 ${LANE0:-}
+    wait; cat "$out/lane1.log"
+else
+    # shellcheck disable=SC2086
+    lane 0 ${LANE0:-} ${LANE1:-}
+fi

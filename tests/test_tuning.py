@@ -1,0 +1,274 @@
+"""`moe2cta tune` and the layer's tuned-config lookup (CPU; one compile-only test needs the DSL, one the GPU)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from moe2cta import cli, planner, tune_cli, tuning
+from moe2cta.grouped_gemm.budget import WorkUnit
+from moe2cta.presets import custom_preset, get_preset
+
+TINY = "custom:256,128,4,2"  # H, I, E, k: the smallest layer every candidate shape divides
+
+
+def _family():
+    try:
+        from moe2cta.grouped_gemm import sm90_grouped_gemm
+    except ImportError:
+        return None
+    return sm90_grouped_gemm
+
+
+needs_family = pytest.mark.skipif(_family() is None, reason="grouped_gemm.sm90_grouped_gemm not importable")
+
+
+# ------------------------------------------------------------------------------------------ build step
+@needs_family
+def test_plan_kernels_dedupes_m_free_keys():
+    s90 = _family()
+    preset = get_preset("qwen3-30b-a3b")
+    one = tune_cli.plan_kernels(preset, "sm_90a", (1,), 6)
+    many = tune_cli.plan_kernels(preset, "sm_90a", (1, 8, 64, 512, 4096), 6)
+    uses = sum(len(k.uses) for k in many.values())
+    assert len(many) < uses  # buckets share kernels: each is listed (and built) once
+    assert set(one) <= set(many)
+    # the decode buckets pick the same shapes, so bucket 8 adds no kernel to bucket 1
+    assert set(tune_cli.plan_kernels(preset, "sm_90a", (1, 8), 6)) == set(one)
+    for stem, pk in many.items():
+        assert stem == pk.key.file_stem() and "n" in pk.key.to_json() and "m" not in pk.key.to_json()
+        assert len({u[0] for u in pk.uses}) == 1  # a kernel belongs to one GEMM (its N, K, epilogue)
+    # every bucket times the family default, which is the kernel the untuned layer runs
+    for kind, n, k, fields in tune_cli.gemm_shapes(preset):
+        problem = tuning.bucket_problem(kind, preset.num_experts, n, k, 64, **fields)
+        family_problem = tuning.sm90_problem(problem)
+        default_stem = s90.kernel_key(s90.default_config(family_problem), family_problem).file_stem()
+        assert any(u == (kind.value, 64, u[2]) and u[2].startswith("default") for u in many[default_stem].uses)
+
+
+@needs_family
+def test_candidates_to_time_roles_and_dedupe():
+    problem = tuning.bucket_problem(planner.GemmKind.GEMM1, 128, 1536, 2048, 512)
+    chosen = tuning.candidates_to_time(problem, "sm_90a", 6)
+    roles = [r for r, _ in chosen]
+    assert roles[0].startswith("default") and len(chosen) == len({c for _, c in chosen})
+    assert sum("planner" in r for r in roles) == 6  # merged roles still count: "default = planner 5"
+    assert tuning.family_default_candidate(problem, "sm_100a") is None
+    with pytest.raises(ValueError, match="top"):
+        tuning.candidates_to_time(problem, "sm_90a", 0)
+
+
+# ------------------------------------------------------------------------------------------ run step
+class StandInRunner:
+    """Kernels are labels; one candidate computes the wrong thing and is also the 'fastest'."""
+
+    def __init__(self, wrong_rank: int):
+        self.wrong_rank = wrong_rank
+        self.calls = []
+
+    def _rank(self, candidate, problem):
+        shapes = [c for _, c in tuning.candidates_to_time(problem, "sm_90a", 3)]
+        return shapes.index(candidate)
+
+    def __call__(self, candidate, problem):
+        rank = self._rank(candidate, problem)
+        return lambda: self.calls.append((problem.name, rank))
+
+    def check(self, candidate, problem, fn):
+        fn()
+        if self._rank(candidate, problem) == self.wrong_rank:
+            return False, "max error 3.1 > tolerance 0.01"
+        return True, "max error 0.001"
+
+
+@needs_family
+def test_run_rejects_wrong_kernel_and_caches_the_fastest_right_one(tmp_path):
+    runner = StandInRunner(wrong_rank=1)
+    seconds = {0: 9e-6, 1: 1e-6, 2: 4e-6, 3: 6e-6}  # the wrong one would win on time
+
+    def timer(fn):
+        fn()
+        return seconds[runner.calls[-1][1]]
+
+    log = []
+    rows, cache = tune_cli.run(TINY, "sm_90a", cache_path=tmp_path / "tune.json", buckets=(1, 64), top=3,
+                               runner=runner, timer=timer, gpu="NVIDIA H200", log=log.append)
+    assert len(rows) == 4 and {r["gemm"] for r in rows} == {"gemm1", "gemm2"}
+    for r in rows:
+        assert [w["detail"] for w in r["wrong"]] == ["max error 3.1 > tolerance 0.01"]
+        assert r["best"]["us"] == pytest.approx(4.0) and r["default"]["us"] == pytest.approx(9.0)
+        assert r["speedup_vs_default"] == pytest.approx(9 / 4)
+    assert any("WRONG" in line for line in log)
+    json.dumps(rows)  # --json writes these rows
+    table = tune_cli.format_table(rows)
+    assert "gemm1:" in table and "2.25x" in table
+    # the cache holds the right fastest candidate per bucket and GEMM, never the wrong one
+    reloaded = tuning.TuningCache(tmp_path / "tune.json")
+    assert len(reloaded) == 4
+    for entry in reloaded.entries.values():
+        gated = entry.key.epilogue == "swiglu"
+        kind = planner.GemmKind.GEMM1 if gated else planner.GemmKind.GEMM2
+        fields = {} if gated else {"has_row_scale": True}
+        problem = tuning.bucket_problem(kind, 4, entry.key.n, entry.key.k, entry.key.bucket, **fields)
+        assert runner._rank(entry.candidate, problem) == 2 and entry.seconds == 4e-6
+
+
+@needs_family
+@pytest.mark.parametrize("kind", [planner.GemmKind.GEMM1, planner.GemmKind.GEMM2])
+def test_cute_runner_check_against_the_twin_on_cpu(monkeypatch, kind):
+    """The real CuteRunner (inputs, twin, tolerance) with stand-in kernels on the CPU: right passes, wrong fails."""
+    torch = pytest.importorskip("torch")
+    from moe2cta.grouped_gemm import reference as twin
+
+    runner = tuning.cute_runner(device="cpu", seed=3, align=128)
+    state = {"corrupt": False}
+
+    def gemm1(a, packed, ro, cn, activation, b13=None, out=None, config=None, kernel_directory=None):
+        t = runner.inputs(problem, None)
+        twin.grouped_gemm1_reference(a, t["w"], ro, cn, activation, b13=b13, out=out)
+        if state["corrupt"]:
+            out[int(ro[1]) + 1, 3] += 1.0  # one element of one valid row
+        return out
+
+    def gemm2(a, w2, ro, cn, row_scale=None, b2=None, out=None, config=None, kernel_directory=None):
+        twin.grouped_gemm2_reference(a, w2, ro, cn, row_scale=row_scale, b2=b2, out=out)
+        if state["corrupt"]:
+            out[int(ro[1]) + 1, 3] += 1.0
+        return out
+
+    monkeypatch.setattr(tuning, "_family_entry_points", lambda arch: (gemm1, gemm2, _family().prepack_w13))
+    n, k = (256, 256) if kind is planner.GemmKind.GEMM1 else (256, 128)
+    fields = {"has_row_scale": True} if kind is planner.GemmKind.GEMM2 else {}
+    problem = tuning.bucket_problem(kind, 4, n, k, 8, experts_hit=3, dtype="float16", **fields)
+    (_, candidate), *_ = tuning.candidates_to_time(problem, "sm_90a", 1)
+    fn = runner(candidate, problem)
+    t = runner.inputs(problem)
+    assert t["a"].shape == (3 * 128, k) and t["row_offsets"].tolist() == [0, 128, 256, 384, 384]
+    ok, detail = runner.check(candidate, problem, fn)
+    assert ok, detail
+    state["corrupt"] = True
+    ok, detail = runner.check(candidate, problem, fn)
+    assert not ok and "tolerance" in detail
+    assert runner.inputs(problem) is t  # inputs and the twin are made once per problem
+
+
+def test_run_refuses_during_graph_capture(monkeypatch, tmp_path):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="captur"):
+        tune_cli.run(TINY, "sm_90a", cache_path=tmp_path / "x.json", buckets=(1,), top=1,
+                     runner=lambda c, p: (lambda: None), timer=lambda fn: 1.0, gpu="X")
+
+
+def test_cli_registration_and_argument_errors(capsys):
+    assert "tune" in cli.SUBCOMMANDS
+    with pytest.raises(SystemExit):
+        tune_cli.main(["run", "--model", TINY, "--arch", "sm_90a", "--buckets", "3"])
+    assert "powers of two" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="arch"):
+        tune_cli.plan_kernels(custom_preset("256,128,4,2"), "sm_100a", (1,), 1)
+
+
+# ------------------------------------------------------------------------------------------ layer lookup
+def test_layer_bucket():
+    assert tuning.layer_bucket(0, 8, 128) == 1
+    assert tuning.layer_bucket(1, 8, 128) == 1  # 8 rows on 8 experts
+    assert tuning.layer_bucket(8192, 8, 128) == 512
+    assert tuning.layer_bucket(100, 8, 128) == 8  # 800 rows over the ~127 experts hit
+    with pytest.raises(ValueError, match="top_k"):
+        tuning.layer_bucket(4, 0, 128)
+
+
+@needs_family
+def test_kernel_configs_for_layer_tuned_vs_default(tmp_path):
+    s90 = _family()
+    dims = dict(hidden=2048, intermediate=768, num_experts=128, top_k=8)
+    assert tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=None, **dims) == (
+        None, None, "default (no tuning cache)")
+    cache = tuning.TuningCache(tmp_path / "layer.json")
+    tuned = planner.make_candidate("sm_90a", "single", 64, 128, 64, 6)
+    key1 = tuning.TuningKey("NVIDIA H200", "bfloat16", 128, 1536, 2048, "swiglu", 512)
+    cache.put(tuning.TuningEntry(key1, tuned, 1e-4))
+    cache.save()
+    cache = tuning.TuningCache(tmp_path / "layer.json")  # round trip through the file
+    g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H200", **dims)
+    assert g1 == s90.Sm90GemmConfig(tile_m=64, tile_n=128, tile_k=64, stages=6, work_unit=WorkUnit.SINGLE, pair_threshold=0)
+    assert g2 is None and source == "gemm1 tuned (bucket 512); gemm2 default (bucket 512 not tuned)"
+    # another GPU's or another bucket's entries are not used
+    assert tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H100", **dims)[:2] == (None, None)
+    assert tuning.kernel_configs_for_layer("sm_90a", num_tokens=16, cache=cache, gpu="NVIDIA H200", **dims)[:2] == (None, None)
+    # a put() is seen despite the memo; both tuned -> source "tuned (bucket 512)"
+    key2 = tuning.TuningKey("NVIDIA H200", "bfloat16", 128, 2048, 768, "plain_rowscale", 512)
+    cache.put(tuning.TuningEntry(key2, planner.make_candidate("sm_90a", "pair", 256, 256, 64, 4, pair_threshold=129), 1e-4))
+    g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H200", **dims)
+    assert source == "tuned (bucket 512)" and g2.work_unit is WorkUnit.PAIR and g2.pair_threshold == 129
+    # router weight on the input: GEMM2's epilogue is "plain", not tuned -> default
+    assert tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H200",
+                                           gemm2_row_scale=False, **dims)[1] is None
+    # a stale entry (this N is not a multiple of its tile) falls back to the default with the reason
+    stale = planner.make_candidate("sm_90a", "single", 128, 192, 64, 4)  # 2048 % 192 != 0
+    cache.put(tuning.TuningEntry(key2, stale, 1e-4))
+    g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H200", **dims)
+    assert g2 is None and "rejected" in source
+    with pytest.raises(ValueError, match="dtype"):
+        tuning.kernel_configs_for_layer("sm_90a", num_tokens=1, cache=cache, dtype="float32", **dims)
+
+
+@needs_family
+def test_kernel_configs_for_layer_accepts_torch_dtype_and_activation(tmp_path):
+    torch = pytest.importorskip("torch")
+    cache = tuning.TuningCache(tmp_path / "c.json")
+    key = tuning.TuningKey("G", "float16", 4, 256, 256, "gelu_gated", 1)
+    cache.put(tuning.TuningEntry(key, planner.make_candidate("sm_90a", "single", 64, 64, 64, 4), 1e-5))
+    g1, g2, _ = tuning.kernel_configs_for_layer("sm_90a", 256, 128, 4, 2, 1, "gelu_gated", False, torch.float16,
+                                                cache, gpu="G")
+    assert g1.tile_n == 64 and g2 is None
+
+
+# ------------------------------------------------------------------------------------------ compile / GPU
+def test_tune_build_compiles_a_tiny_bundle(tmp_path):
+    from moe2cta.grouped_gemm.cute_runtime import dsl_available
+
+    if not dsl_available() or _family() is None:
+        pytest.skip("the CuTe DSL (nvidia-cutlass-dsl) is not installed")
+    out = tmp_path / "bundle"
+    assert tune_cli.main(["build", "--model", TINY, "--arch", "sm_90a", "--out", str(out), "--top", "1",
+                          "--buckets", "1"]) == 0
+    planned = tune_cli.plan_kernels(custom_preset(TINY[len("custom:"):]), "sm_90a", (1,), 1)
+    libs = {p.stem for p in out.glob("*.so")}
+    assert set(planned) <= libs and len(libs) >= len(planned)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(planned) <= set(manifest)
+
+
+@pytest.mark.gpu
+def test_tune_run_on_gpu_with_bundle(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"`moe2cta tune` times sm_90a kernels; this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
+    directory = os.environ.get("MOE2CTA_KERNEL_DIR")
+    planned = tune_cli.plan_kernels(custom_preset(TINY[len("custom:"):]), "sm_90a", (1, 64), 2)
+    if not directory:
+        pytest.skip(f"MOE2CTA_KERNEL_DIR unset (build: moe2cta tune build --model {TINY} --arch sm_90a "
+                    "--buckets 1 64 --top 2 --out DIR)")
+    missing = [s for s in planned if not (pathlib.Path(directory) / f"{s}.so").exists()]
+    if missing:
+        pytest.skip(f"{len(missing)} kernels missing from {directory} (moe2cta tune build --model {TINY} "
+                    f"--arch sm_90a --buckets 1 64 --top 2 --out {directory})")
+    out_json, cache_path = tmp_path / "rows.json", tmp_path / "tune.json"
+    assert tune_cli.main(["run", "--model", TINY, "--arch", "sm_90a", "--buckets", "1", "64", "--top", "2",
+                          "--kernel-dir", directory, "--cache", str(cache_path), "--json", str(out_json)]) == 0
+    rows = json.loads(out_json.read_text())["rows"]
+    assert len(rows) == 4
+    for r in rows:
+        assert not r["wrong"] and not r["failed"], r
+        assert r["best"]["us"] > 0 and r["speedup_vs_default"] >= 1.0
+    cache = tuning.TuningCache(cache_path)
+    assert len(cache) == 4
+    g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", 256, 128, 4, 2, 1, cache=cache)
+    assert source == "tuned (bucket 1)" and g1 is not None and g2 is not None
