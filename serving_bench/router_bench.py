@@ -2,6 +2,15 @@
 
     python -m moe2cta.serving_bench.router_bench --out results/ [--experts 8 128 256] [--top-k 2 4 8]
         [--tokens 1 32 512 4096 32768] [--warmup-only --shard I/N]
+    python -m moe2cta.serving_bench.router_bench --experts 128 --top-k 8 --tokens 1 512 4096 32768 \
+        --variants v2 v3 v3,slots=512 v3,bt=32,warps=8 --profile --out results/
+
+--variants compares kernel choices in one run: each is a preset (v2: SCORE_INT64 keys, v3: AUTO keys =
+LOGIT_INT32 for these bf16 logits) and/or key=value items: keys=auto|score_int64|logit_int32, bt=tokens per
+route program, warps=route num_warps, slots=dispatch slots per program (MULTI_BLOCK, T*k > 512). Each is
+timed as route (routing_triton.route_variant), dispatch, and route + dispatch in one graph (T <= 16 too:
+the variants never take the fused launch); with --profile, per-kernel device times (torch profiler) of
+route + dispatch for T >= 4096. Rows go to router_bench.json / .md under --out.
 
 Triton: route_dispatch (one fused launch for T <= 64, else route + dispatch = 4 launches) and, apart,
 route and dispatch, each captured 20 times in one CUDA graph; time = median over 7 rounds of 10 replays,
@@ -21,6 +30,7 @@ import time
 import torch
 
 from moe2cta.router import (
+    DispatchScheme,
     RoutingConfig,
     combine,
     dispatch,
@@ -30,6 +40,7 @@ from moe2cta.router import (
     route_dispatch,
     route_reference,
 )
+from moe2cta.router.routing_triton import KeyPacking, route_variant
 
 GRAPH_REPEATS = 20
 
@@ -120,6 +131,105 @@ def run_case(num_experts: int, top_k: int, num_tokens: int, warmup_only: bool = 
     return row
 
 
+VARIANT_PRESETS = {"v2": {"keys": "score_int64"}, "v3": {"keys": "auto"}}
+
+
+def parse_variant(spec: str) -> dict:
+    """'v3,slots=512,bt=32,warps=8' -> {'name': spec, 'keys': 'auto', 'slots': 512, 'bt': 32, 'warps': 8}."""
+    out = {"name": spec, "keys": "auto", "bt": None, "warps": None, "slots": None}
+    for item in spec.split(","):
+        item = item.strip()
+        if item in VARIANT_PRESETS:
+            out.update(VARIANT_PRESETS[item])
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or key not in ("keys", "bt", "warps", "slots"):
+            raise ValueError(f"--variants: expected a preset {list(VARIANT_PRESETS)} or keys=/bt=/warps=/slots=, "
+                             f"got {item!r} in {spec!r}")
+        out[key] = KeyPacking.parse(value).value if key == "keys" else int(value)
+    return out
+
+
+def _variant_fns(variant, logits, config, num_experts, ids):
+    def route_fn():
+        return route_variant(logits, config, key_packing=variant["keys"], block_t=variant["bt"],
+                             num_warps=variant["warps"])
+
+    num_slots = ids.numel()
+    scheme = DispatchScheme.AUTO if variant["slots"] is None or num_slots <= 512 else DispatchScheme.MULTI_BLOCK
+    slots = None if scheme is DispatchScheme.AUTO else variant["slots"]
+
+    def dispatch_fn(topk_ids=ids):
+        return dispatch(topk_ids, num_experts, backend="triton", scheme=scheme, block_slots=slots)
+
+    def both_fn():
+        return dispatch_fn(route_fn()[1])
+
+    return route_fn, dispatch_fn, both_fn
+
+
+def profile_fn(fn, reps: int = 20) -> dict:
+    """Average device time per call of each CUDA kernel that fn launches, in us."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        device_us = getattr(event, "device_time_total", None)
+        if device_us is None:
+            device_us = getattr(event, "cuda_time_total", 0.0)
+        if device_us and event.count >= reps:
+            times[event.key] = round(device_us / reps, 3)
+    return times
+
+
+def run_variant_case(num_experts: int, top_k: int, num_tokens: int, variants, profile: bool) -> list:
+    config = RoutingConfig(top_k=top_k)
+    gen = torch.Generator(device="cuda").manual_seed(num_experts * 1000 + top_k)
+    logits = torch.randn(num_tokens, num_experts, device="cuda", generator=gen).to(torch.bfloat16)
+    want_w, want_ids = route_reference(logits, config)
+    want_disp = dispatch_reference(want_ids, num_experts)
+    rows = []
+    for variant in variants:
+        route_fn, dispatch_fn, both_fn = _variant_fns(variant, logits, config, num_experts, want_ids)
+        w, i = route_fn()
+        d = dispatch_fn()
+        ok = bool(torch.equal(i, want_ids) and torch.allclose(w, want_w, rtol=1e-6, atol=0)
+                  and all(torch.equal(getattr(d, f), getattr(want_disp, f)) for f in
+                          ("counts", "row_offsets", "sorted_slots", "slot_rows")))
+        row = {
+            "variant": variant["name"], "experts": num_experts, "top_k": top_k, "tokens": num_tokens,
+            "keys": KeyPacking.parse(variant["keys"]).value, "bt": variant["bt"], "warps": variant["warps"],
+            "slots": variant["slots"], "matches_reference": ok,
+            "route_dispatch_us": _graph_time_us(both_fn),
+            "route_us": _graph_time_us(route_fn),
+            "dispatch_us": _graph_time_us(dispatch_fn),
+        }
+        if profile and num_tokens >= 4096:
+            row["kernels_us"] = profile_fn(both_fn)
+        rows.append(row)
+        print(f"{variant['name']:>28s} E={num_experts} k={top_k} T={num_tokens:6d}  route+dispatch "
+              f"{row['route_dispatch_us']:7.2f} us  route {row['route_us']:6.2f}  dispatch {row['dispatch_us']:6.2f}"
+              f"  {'ok' if ok else 'MISMATCH'}", flush=True)
+        if "kernels_us" in row:
+            print("      kernels: " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in row["kernels_us"].items()), flush=True)
+    return rows
+
+
+def variants_markdown(rows) -> str:
+    lines = ["| variant | E | k | T | route+dispatch us | route us | dispatch us | matches reference | kernels us |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        kernels = "; ".join(f"{k[:32]} {v:.1f}" for k, v in r.get("kernels_us", {}).items())
+        lines.append(f"| {r['variant']} | {r['experts']} | {r['top_k']} | {r['tokens']} | "
+                     f"{r['route_dispatch_us']:.2f} | {r['route_us']:.2f} | {r['dispatch_us']:.2f} | "
+                     f"{'yes' if r['matches_reference'] else 'NO'} | {kernels} |")
+    return "\n".join(lines)
+
+
 def profile_kernels(num_experts: int, top_k: int, num_tokens: int) -> str:
     """Per-kernel device time of route_dispatch (torch profiler), to see which launch dominates."""
     config = RoutingConfig(top_k=top_k)
@@ -163,10 +273,15 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup-only", action="store_true")
     parser.add_argument("--shard", default="0/1", help="I/N: this process takes cases I, I+N, ...")
     parser.add_argument("--profile", action="store_true", help="per-kernel times for E=128, k=8, T=4096, 32768")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="compare kernel choices: presets v2 / v3 and keys=, bt=, warps=, slots= items")
     args = parser.parse_args(argv)
+    variants = [parse_variant(v) for v in args.variants] if args.variants else None
     if not torch.cuda.is_available():
         print("router_bench: needs a CUDA GPU")
         return 2
+    if variants:
+        return _main_variants(args, variants)
     index, count = (int(x) for x in args.shard.split("/"))
     todo = cases(args.experts, args.top_k, args.tokens)[index::count]
     rows = []
@@ -197,6 +312,31 @@ def main(argv=None) -> int:
         with open(os.path.join(args.out, "router_bench.md"), "w") as f:
             f.write(f"{meta}\n\n{table}\n")
     return 0
+
+
+def _write(out_dir, meta, rows, table):
+    import os
+
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "router_bench.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(out_dir, "router_bench.md"), "w") as f:
+        f.write(f"{meta}\n\n{table}\n")
+
+
+def _main_variants(args, variants) -> int:
+    started = time.time()
+    rows = []
+    for e, k, t in cases(args.experts, args.top_k, args.tokens):
+        rows += run_variant_case(e, k, t, variants, args.profile)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "graph_repeats": GRAPH_REPEATS,
+            "variants": [v["name"] for v in variants], "seconds": round(time.time() - started, 1)}
+    table = variants_markdown(rows)
+    print(table)
+    if args.out:
+        _write(args.out, meta, rows, table)
+    return 0 if all(r["matches_reference"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -213,3 +213,67 @@ def test_cuda_graph_replay_with_new_routing(num_tokens):
         assert_dispatch_equal(disp, want)
         ref = combine_reference(gather_reference(hidden, want, 8) * 2, want, rw, num_tokens, 8)
         torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+
+# ------------------------------------------------------------------ v3: LOGIT_INT32 keys, launch variants
+from moe2cta.router.routing_triton import route_variant  # noqa: E402
+
+
+def hard_rows(num_experts, gen):
+    """Rows that break a careless packed-key top-k (see tests/test_router_triton.py::_hard_logits)."""
+    x = torch.randn(12, num_experts, device="cuda", generator=gen) * 2
+    x[1] = torch.randint(-2, 3, (num_experts,), device="cuda", generator=gen).float()
+    x[2, 1] = float("nan")
+    x[3] = float("nan")
+    x[4, : num_experts // 2] = -float("inf")
+    x[5] = -float("inf")
+    x[6, 3] = float("inf")
+    x[7] = torch.where(torch.arange(num_experts, device="cuda") % 2 == 0, -0.0, 0.0)
+    x[8] = -200.0 - torch.arange(num_experts, device="cuda").float()
+    x[8, num_experts // 2] = 50.0
+    x[9] = torch.linspace(-1e-6, 1e-6, num_experts, device="cuda")
+    x[9, num_experts - 1] = 4.0
+    x[10] = -x[10].abs() - 1.0
+    return x
+
+
+@pytest.mark.parametrize("scoring,renormalize", [("softmax", True), ("softmax", False), ("topk_softmax", True),
+                                                 ("sigmoid_top1", False)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_experts,top_k", [(8, 2), (128, 8), (512, 16)])
+def test_route_gpu_logit_int32_keys(scoring, renormalize, dtype, num_experts, top_k):
+    """AUTO (LOGIT_INT32 here) and the forced v2 packing, on random rows with hard rows spliced in at
+    several places of a large T (ambiguous rows take the block fallback)."""
+    gen = torch.Generator(device="cuda").manual_seed(num_experts + top_k)
+    config = RoutingConfig(top_k=top_k, scoring=scoring, renormalize=renormalize)
+    logits = torch.randn(32768, num_experts, device="cuda", generator=gen) * 2
+    for at in (0, 1000, 32768 - 12):
+        logits[at:at + 12] = hard_rows(num_experts, gen)
+    logits = logits.to(dtype)
+    want = route_reference(logits, config)
+    for got in (route(logits, config, backend=TRITON), route_variant(logits, config, key_packing="score_int64"),
+                route_variant(logits, config, key_packing="logit_int32", block_t=32, num_warps=8)):
+        assert torch.equal(got[1], want[1]), f"ids differ in {(got[1] != want[1]).any(1).sum().item()} tokens"
+        torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("block_t,num_warps", [(4, 1), (8, 2), (16, 4), (32, 4), (32, 8), (64, 8)])
+def test_route_gpu_launch_variants(block_t, num_warps):
+    """Every launch the benchmark compares gives the reference result (E=128, k=8, bf16, T=32768)."""
+    gen = torch.Generator(device="cuda").manual_seed(block_t * num_warps)
+    config = RoutingConfig(top_k=8)
+    logits = torch.randn(32768, 128, device="cuda", generator=gen).to(torch.bfloat16)
+    want = route_reference(logits, config)
+    for packing in ("logit_int32", "score_int64"):
+        w, i = route_variant(logits, config, key_packing=packing, block_t=block_t, num_warps=num_warps)
+        assert torch.equal(i, want[1])
+        torch.testing.assert_close(w, want[0], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("block_slots", [256, 512, 1024, 2048])
+def test_dispatch_gpu_block_slots(block_slots):
+    gen = torch.Generator(device="cuda").manual_seed(block_slots)
+    for popularity in ("uniform", "zipf", "all_to_one"):
+        ids = routed_ids(32768, 8, 128, popularity, gen)
+        got = dispatch(ids, 128, backend=TRITON, scheme=DispatchScheme.MULTI_BLOCK, block_slots=block_slots)
+        assert_dispatch_equal(got, dispatch_reference(ids, 128))

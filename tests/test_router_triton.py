@@ -236,3 +236,100 @@ def test_route_dispatch_fused(use_map):
     rw, ri = route_reference(logits, config)
     assert_route_equal((weights, ids), (rw, ri))
     assert_dispatch_equal(disp, dispatch_reference(ri, local, align=8, expert_map=expert_map))
+
+
+# ------------------------------------------------------------------ LOGIT_INT32 keys (v3) vs SCORE_INT64
+from moe2cta.router.routing_triton import KeyPacking, resolve_key_packing, route_variant  # noqa: E402
+
+LOGIT_SCORINGS = [("softmax", True), ("softmax", False), ("topk_softmax", True), ("sigmoid_top1", False)]
+
+
+def _hard_logits(num_tokens, num_experts, gen):
+    """Random rows plus rows built to break a careless packed-key top-k: ties, -inf, NaN, +inf, -0.0 / +0.0,
+    exp underflow at the k-th place, tiny logits absorbed by the max."""
+    x = torch.randn(num_tokens, num_experts, generator=gen) * 2
+    x[1] = torch.randint(-2, 3, (num_experts,), generator=gen).float()  # many ties
+    x[2, 1] = float("nan")
+    x[3] = float("nan")
+    x[4, : num_experts // 2] = -float("inf")
+    x[5] = -float("inf")
+    x[6, 3] = float("inf")
+    x[7] = torch.where(torch.arange(num_experts) % 2 == 0, torch.tensor(-0.0), torch.tensor(0.0))
+    x[7, num_experts - 1] = -1.0
+    x[8] = -200.0 - torch.arange(num_experts).float()  # one survivor of exp, the rest underflow (p = 0)
+    x[8, num_experts // 2] = 50.0
+    x[9] = torch.linspace(-1e-6, 1e-6, num_experts)  # absorbed by the max 4.0: softmax ties
+    x[9, num_experts - 1] = 4.0
+    x[10] = -x[10].abs() - 1.0  # only negative logits
+    return x
+
+
+@pytest.mark.parametrize("scoring,renormalize", LOGIT_SCORINGS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_experts,top_k", [(8, 2), (128, 8), (256, 5)])
+def test_route_logit_int32_keys(scoring, renormalize, dtype, num_experts, top_k):
+    gen = torch.Generator().manual_seed(num_experts + top_k)
+    config = RoutingConfig(top_k=top_k, scoring=scoring, renormalize=renormalize, routed_scaling_factor=1.25)
+    logits = _hard_logits(12, num_experts, gen).to(dtype).to(DEVICE)
+    assert resolve_key_packing(KeyPacking.AUTO, dtype, scoring) is KeyPacking.LOGIT_INT32
+    want = route_reference(logits, config)
+    assert_route_equal(route(logits, config, backend=TRITON), want)  # AUTO picks LOGIT_INT32
+    assert_route_equal(route_variant(logits, config, key_packing="logit_int32", block_t=4, num_warps=1), want)
+    assert_route_equal(route_variant(logits, config, key_packing="score_int64"), want)
+
+
+def test_route_logit_int32_all_experts_and_blocks():
+    """k == E (no candidate k+1), and a block of one ambiguous row (fallback) next to plain rows."""
+    gen = torch.Generator().manual_seed(5)
+    config = RoutingConfig(top_k=8)
+    logits = _hard_logits(12, 8, gen).to(torch.bfloat16).to(DEVICE)
+    assert_route_equal(route_variant(logits, config, key_packing="logit_int32", block_t=2, num_warps=1),
+                       route_reference(logits, config))
+    config = RoutingConfig(top_k=3)
+    logits = (torch.randn(16, 32, generator=gen) * 3).to(torch.bfloat16)
+    logits[13] = -300.0
+    logits[13, 0] = 0.0  # exp underflows past the first expert: the selection ties at p = 0
+    logits = logits.to(DEVICE)
+    for block_t in (1, 4, 16):
+        assert_route_equal(route_variant(logits, config, key_packing="logit_int32", block_t=block_t),
+                           route_reference(logits, config))
+
+
+def test_route_fp32_and_grouped_keep_score_int64():
+    gen = torch.Generator().manual_seed(6)
+    assert resolve_key_packing("auto", torch.float32, "softmax") is KeyPacking.SCORE_INT64
+    assert resolve_key_packing("auto", torch.bfloat16, "sigmoid_grouped") is KeyPacking.SCORE_INT64
+    with pytest.raises(ValueError, match="key_packing"):
+        resolve_key_packing(KeyPacking.LOGIT_INT32, torch.float32, "softmax")
+    with pytest.raises(ValueError, match="key_packing"):
+        resolve_key_packing("packed_in_a_hurry", torch.bfloat16, "softmax")
+    config = RoutingConfig(top_k=4)
+    logits = _hard_logits(12, 24, gen).to(DEVICE)
+    with pytest.raises(ValueError, match="key_packing"):
+        route_variant(logits, config, key_packing=KeyPacking.LOGIT_INT32)
+    assert_route_equal(route_variant(logits, config, block_t=8, num_warps=2), route_reference(logits, config))
+    grouped = RoutingConfig(top_k=3, scoring="sigmoid_grouped", num_expert_group=4, topk_group=2)
+    bias = (torch.randn(16, generator=gen) * 0.1).to(DEVICE)
+    logits = _hard_logits(12, 16, gen).to(torch.bfloat16).to(DEVICE)
+    assert_route_equal(route(logits, grouped, bias, backend=TRITON), route_reference(logits, grouped, bias))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_route_dispatch_fused_logit_keys(dtype):
+    """The fused decode launch shares route_token_block: AUTO -> LOGIT_INT32 there too."""
+    gen = torch.Generator().manual_seed(8)
+    config = RoutingConfig(top_k=4)
+    logits = _hard_logits(12, 16, gen).to(dtype).to(DEVICE)
+    weights, ids, disp = route_dispatch(logits, config, align=8, backend=TRITON)
+    rw, ri = route_reference(logits, config)
+    assert_route_equal((weights, ids), (rw, ri))
+    assert_dispatch_equal(disp, dispatch_reference(ri, 16, align=8))
+
+
+@pytest.mark.parametrize("block_slots", [16, 32, 64])
+def test_dispatch_block_slots_variants(block_slots):
+    """The multi-block dispatch is identical for every slots-per-program choice (bench variants)."""
+    gen = torch.Generator().manual_seed(block_slots)
+    ids = _random_ids(60, 4, 24, gen, "few").to(DEVICE)
+    got = dispatch(ids, 24, align=16, backend=TRITON, scheme=DispatchScheme.MULTI_BLOCK, block_slots=block_slots)
+    assert_dispatch_equal(got, dispatch_reference(ids, 24, align=16))
