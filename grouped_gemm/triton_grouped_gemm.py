@@ -182,7 +182,7 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
       block_n 64 unless that leaves over half of the SMs without a tile (then 32, 16), TMA weight loads.
     - small (<= 32 rows): 64 x 128 x 64 tiles, pointer loads.
     - prefill (> 32 rows): 128-row tiles with TMA loads; GEMM1 128 x 128 (two accumulators: 128 x 256 of
-      gate/up work per tile), 4 stages, GEMM2 128 x 256, 3 stages. At 33-64 rows per expert the 128-row
+      gate/up work per tile), GEMM2 128 x 256, 4 stages. At 33-64 rows per expert the 128-row
       tiles read each expert's weights half as often as 64-row tiles and win (deepseek-v3 T=2048, 64 rows:
       GEMM1 -8%, GEMM2 -17%; wide sweep 2026-11-29 in serving_bench/results/validate-h200-2026-11-29/).
     Decode and small launch 2 programs per SM even where one fits: the waiting programs start as others
@@ -206,9 +206,8 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
         config = TritonGemmConfig(block_m, 128, 64, 4, 4, group_m=8, programs_per_sm=2)
     else:
         block_m = _nearest_height(128, problem.tile_heights)
-        gemm1 = problem.stage is GemmStage.GEMM1
-        config = TritonGemmConfig(block_m, 128 if gemm1 else 256, 64, 8, 4 if gemm1 else 3, group_m=8,
-                                  programs_per_sm=1, tile_load=tma)
+        block_n = 128 if problem.stage is GemmStage.GEMM1 else 256
+        config = TritonGemmConfig(block_m, block_n, 64, 8, 4, group_m=8, programs_per_sm=1, tile_load=tma)
     if config.tile_load is TileLoad.TMA and not can_implement(config, problem)[0]:
         config = dataclasses.replace(config, tile_load=TileLoad.POINTER)
     # Shrink stages (then block_k) until it fits the device's shared memory.

@@ -146,9 +146,17 @@ def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: 
     grid = (_cdiv(num_tokens, block_t),)
     jit_functions().route_kernel[grid](
         logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
-        BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps, **meta,
+        BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps, **meta, **_dependent_launch(logits.device),
     )
     return weights, ids
+
+
+def _dependent_launch(device: torch.device) -> dict:
+    """Launch options: programmatic dependent launch on CUDA sm_90+ (the kernels wait for the previous
+    kernel's results with griddepcontrol.wait before reading, then release the next kernel's launch), so the
+    short kernels of a decode step start without a launch gap; inside a CUDA graph the edges are kept."""
+    on = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return {"DEPENDENT_LAUNCH": on, "launch_pdl": on}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -225,7 +233,7 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
         kernels.dispatch_single_kernel[(1,)](
             ids_flat, emap, counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows, scratch,
             num_slots, max_rows, BLOCK_S=block_s, FILL_BLOCK=2048, num_warps=4,
-            **base_meta, **offset_meta,
+            **base_meta, **offset_meta, **_dependent_launch(device),
         )
         return
     block_s = multi_block_slots(num_slots) if block_slots is None else block_slots
@@ -238,16 +246,16 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
     stripe = _cdiv(_cdiv(max_rows, num_blocks), fill_block) * fill_block
     kernels.block_histogram_kernel[(num_blocks,)](
         ids_flat, emap, hist, sorted_slots, num_slots, max_rows, stripe, BLOCK_S=block_s, FILL_BLOCK=fill_block,
-        num_warps=4, **base_meta,
+        num_warps=4, **base_meta, **_dependent_launch(device),
     )
     scan_bins = min(32, num_bins)
     kernels.scan_kernel[(num_bins // scan_bins,)](
         hist, prefix, counts, num_blocks, NUM_EXPERTS=base_meta["NUM_EXPERTS"], NUM_BINS=num_bins,
-        SCAN_BINS=scan_bins, BLOCK_B=64, num_warps=4,
+        SCAN_BINS=scan_bins, BLOCK_B=64, num_warps=4, **_dependent_launch(device),
     )
     kernels.place_kernel[(num_blocks,)](
         ids_flat, emap, prefix, counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows,
-        num_slots, BLOCK_S=block_s, num_warps=4, **base_meta, **offset_meta,
+        num_slots, BLOCK_S=block_s, num_warps=4, **base_meta, **offset_meta, **_dependent_launch(device),
     )
 
 
@@ -323,7 +331,7 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
         logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
         emap, *bufs, scratch, num_slots, bufs[4].numel(),
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_S=max(16, _next_pow2(num_slots)), FILL_BLOCK=2048, num_warps=4,
-        **route_meta, **base_meta, **offset_meta,
+        **route_meta, **base_meta, **offset_meta, **_dependent_launch(logits.device),
     )
     return weights, ids, Dispatch(*bufs, align, heights)
 
@@ -374,6 +382,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     jit_functions().gather_kernel[grid](
         hidden, scale_arg, disp.slot_rows, out, num_slots, hidden_size, hidden.stride(0), out.stride(0),
         TOP_K=top_k, HAS_SCALE=scale is not None, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=num_warps,
+        **_dependent_launch(hidden.device),
     )
     return out
 
@@ -419,5 +428,6 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
     jit_functions().combine_kernel[grid](
         y, w_arg, disp.slot_rows, out, num_tokens, hidden_size, y.stride(0), out.stride(0),
         TOP_K=top_k, HAS_WEIGHTS=topk_weights is not None, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps,
+        **_dependent_launch(y.device),
     )
     return out

@@ -50,8 +50,9 @@ AUTO_SINGLE_SLOTS = 512
 
 def multi_block_slots(num_slots: int) -> int:
     """Slots per program of the multi-block scheme: small blocks (short sorts, more programs) up to 32K
-    slots, then 1024 so that the single-program scan over blocks stays short."""
-    return 256 if num_slots <= 32768 else 1024
+    slots, then 512 (H200, E=128, k=8, T=32768: dispatch 19.3 us against 24.1 with 1024 and 43.8 with 2048:
+    the sort per program shrinks faster than the scan over blocks grows)."""
+    return 256 if num_slots <= 32768 else 512
 MAX_TILE_HEIGHTS = 4
 
 
@@ -150,8 +151,12 @@ def dispatch_single_kernel(
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
     NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
     BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
+    DEPENDENT_LAUNCH: tl.constexpr = False,
 ):
     """Grid: (1,)."""
+    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     dispatch_single_program(
         ids_ptr, expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
         sorted_slots_ptr, slot_rows_ptr, scratch_ptr, num_slots, max_rows,
@@ -164,8 +169,12 @@ def block_histogram_kernel(
     ids_ptr, expert_map_ptr, hist_ptr, sorted_slots_ptr, num_slots, max_rows, fill_stripe,
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
     BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
+    DEPENDENT_LAUNCH: tl.constexpr = False,
 ):
     """Grid: (num_blocks,). hist[b, 0:NUM_BINS] = histogram of block b's local expert keys."""
+    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     slots = b * BLOCK_S + tl.arange(0, BLOCK_S)
     keys = _local_expert_keys(ids_ptr, expert_map_ptr, slots, slots < num_slots, NUM_EXPERTS,
@@ -180,8 +189,12 @@ def block_histogram_kernel(
 def scan_kernel(
     hist_ptr, prefix_ptr, counts_ptr, num_blocks,
     NUM_EXPERTS: tl.constexpr, NUM_BINS: tl.constexpr, SCAN_BINS: tl.constexpr, BLOCK_B: tl.constexpr,
+    DEPENDENT_LAUNCH: tl.constexpr = False,
 ):
     """Grid: (NUM_BINS // SCAN_BINS,). For its experts: prefix[b, e] = sum_{b'<b} hist[b', e]; counts[e]."""
+    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     ecols = tl.program_id(0) * SCAN_BINS + tl.arange(0, SCAN_BINS)
     bl = tl.arange(0, BLOCK_B)
     carry = tl.zeros([SCAN_BINS], tl.int32)
@@ -200,10 +213,14 @@ def place_kernel(
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
     NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
     BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr,
+    DEPENDENT_LAUNCH: tl.constexpr = False,
 ):
     """Grid: (num_blocks,). Offsets from the counts (program 0 stores them); stable rank inside the block by
     sorting; row = row_offsets[e] + rows of e in earlier blocks + rank. prefix[b, :] is reused as the
     block's scratch vector of per-expert row adjustments."""
+    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     slot0 = b * BLOCK_S
     slots = slot0 + tl.arange(0, BLOCK_S)
@@ -235,9 +252,13 @@ def route_dispatch_fused_kernel(
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
     NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
     BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
+    DEPENDENT_LAUNCH: tl.constexpr = False,
 ):
     """Grid: (1,). Small T (decode): route every token, barrier, then the single-program dispatch, in one
     launch. R_NUM_EXPERTS: experts in the logits (global); NUM_EXPERTS: local experts of the dispatch."""
+    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     for tok0 in range(0, num_tokens, BLOCK_T):
         route_token_block(
             logits_ptr, bias_ptr, weights_ptr, ids_ptr, tok0, num_tokens, stride_logits, routed_scaling_factor,

@@ -383,8 +383,12 @@ def route_kernel(
     BLOCK_G: tl.constexpr,
     USE_LIBDEVICE: tl.constexpr,
     KEY_PACKING: tl.constexpr = 0,
+    DEPENDENT_LAUNCH: tl.constexpr = False,
 ):
     """Grid: (cdiv(T, BLOCK_T),). Each program routes one block of tokens."""
+    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     tok0 = tl.program_id(0) * BLOCK_T
     route_token_block(
         logits_ptr, bias_ptr, weights_ptr, ids_ptr, tok0, num_tokens, stride_logits, routed_scaling_factor,

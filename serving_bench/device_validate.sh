@@ -55,6 +55,25 @@ sweep)  # Triton GEMM configurations at prefill sizes (every model), and the mix
 sweep2)
     step sweep2 150 python3 -m moe2cta.serving_bench.triton_gemm_bench --wide --routings 2 --tokens 512 2048 \
         --models mixtral-8x7b deepseek-v3 --out "$out/sweep2.json" ;;
+ridge)  # cells where weight streaming and the MMA rate both bind: 128-deep K steps, HALF tails
+    step ridge 230 python3 -m moe2cta.serving_bench.triton_gemm_bench --ridge --routings 2 --tokens 512 2048 8192 \
+        --models mixtral-8x7b qwen3-30b-a3b deepseek-v3 gpt-oss-120b --out "$out/ridge.json" ;;
+triton-tests)
+    step triton-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_triton_gemm.py" ;;
+router-tests)
+    step router-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_router_gpu.py" ;;
+router-variants)
+    step router-variants 120 python3 -m moe2cta.serving_bench.router_bench --experts 128 --top-k 8 \
+        --tokens 1 512 4096 32768 --variants v2 v3 v3,slots=512 v3,slots=2048 v3,bt=8,warps=2 v3,bt=32,warps=8 \
+        --profile --out "$out/router-v3" ;;
+layer-full)  # the full grid (5 models x T in 1..32768), one invocation per model so partial results survive
+    for m in mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b; do
+        TAIL=3 step "layer-$m" 110 python3 -m moe2cta.serving_bench --models "$m" --full --backends triton,cute,grouped-mm \
+            --time-per-case 0.05 --out "$out/layer-$m" --progress off --no-plots
+    done ;;
+router-default)
+    step router-default 60 python3 -m moe2cta.serving_bench.router_bench --experts 128 --top-k 8 --tokens 1 512 4096 32768 \
+        --out "$out/router-default" ;;
 *) echo "unknown step $1" ;;
 esac; }
 lane() { local gpu=$1; shift; for s in "$@"; do CUDA_VISIBLE_DEVICES=$gpu run_step "$s"; done; }

@@ -71,6 +71,11 @@ WIDE_PREFILL = [_cfg(128, 128, 64, 8, 4, 4, 1, T), _cfg(128, 128, 64, 8, 4, 16, 
                 _cfg(256, 128, 64, 8, 3, 8, 1, T), _cfg(256, 128, 64, 8, 4, 8, 1, T), _cfg(128, 64, 64, 4, 4, 8, 1, T),
                 _cfg(128, 256, 64, 8, 3, 4, 1, T), _cfg(128, 256, 64, 8, 4, 16, 1, T), _cfg(64, 256, 64, 4, 4, 8, 2, T),
                 _cfg(64, 128, 64, 4, 3, 8, 2, T), _cfg(128, 128, 64, 4, 4, 8, 1, T)]
+# --ridge: 128-deep K steps (256-byte weight row segments per TMA box row, better DRAM locality) for the
+# cells where weight streaming and the MMA rate both bind (~64-256 rows per expert).
+RIDGE = [_cfg(128, 64, 128, 4, 3, 8, 1, T), _cfg(128, 64, 128, 8, 3, 8, 1, T), _cfg(128, 128, 128, 8, 2, 8, 1, T),
+         _cfg(64, 128, 128, 4, 2, 8, 2, T), _cfg(128, 128, 128, 8, 3, 8, 1, T), _cfg(128, 256, 128, 8, 2, 8, 1, T),
+         _cfg(64, 256, 128, 4, 2, 8, 2, T), _cfg(128, 128, 128, 4, 3, 8, 1, T), _cfg(128, 256, 64, 8, 3, 8, 1, T)]
 
 
 def torch_dispatch(topk_ids: torch.Tensor, num_experts: int, align: int = ALIGN,
@@ -251,6 +256,7 @@ def main(argv=None) -> int:
     parser.add_argument("--compile-workers", type=int, default=12)
     parser.add_argument("--defaults-only", action="store_true", help="time only the default config")
     parser.add_argument("--wide", action="store_true", help="a wider prefill sweep (WIDE_PREFILL), also for 'small'")
+    parser.add_argument("--ridge", action="store_true", help="also the RIDGE variants (128-deep K steps) for 'prefill'")
     parser.add_argument("--out", default=None, help="JSON file for the rows")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -259,6 +265,8 @@ def main(argv=None) -> int:
     if args.defaults_only:
         for key in SWEEP:
             SWEEP[key] = []
+    if args.ridge:
+        SWEEP["prefill"] = SWEEP["prefill"] + [c for c in RIDGE if c not in SWEEP["prefill"]]
     if args.wide:
         SWEEP["prefill"] = SWEEP["prefill"] + WIDE_PREFILL
         SWEEP["small"] = SWEEP["small"] + WIDE_PREFILL

@@ -4,6 +4,11 @@ Without a CUDA GPU the kernels run under TRITON_INTERPRET=1 on CPU tensors (set 
 kernel modules decorate their kernels per interpreter mode on first use); with a GPU the same tests run
 compiled on the GPU.
 """
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -333,3 +338,31 @@ def test_dispatch_block_slots_variants(block_slots):
     ids = _random_ids(60, 4, 24, gen, "few").to(DEVICE)
     got = dispatch(ids, 24, align=16, backend=TRITON, scheme=DispatchScheme.MULTI_BLOCK, block_slots=block_slots)
     assert_dispatch_equal(got, dispatch_reference(ids, 24, align=16))
+
+
+def test_combine_compiles_for_sm90_with_dependent_launch():
+    """Compiled (not interpreted) for sm_90a here: the dependent-launch prologue lowers to griddepcontrol.
+    In a fresh process: this one may have triton's language patched for the interpreter."""
+    pytest.importorskip("triton.backends.nvidia")
+    script = textwrap.dedent("""
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from moe2cta.router import permute_triton
+        fn = permute_triton.jit_functions().combine_kernel
+        consts = dict(TOP_K=8, HAS_WEIGHTS=True, BLOCK_T=2, BLOCK_H=1024, DEPENDENT_LAUNCH=True)
+        def ty(n):
+            if n in consts: return "constexpr"
+            if n == "slot_rows_ptr": return "*i32"
+            if n == "weights_ptr": return "*fp32"
+            return "*bf16" if n.endswith("_ptr") else "i32"
+        sig = {n: ty(n) for n in fn.arg_names}
+        src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": True})
+        print("wait" if "griddepcontrol.wait" in k.asm["ptx"] else "",
+              "launch" if "griddepcontrol.launch_dependents" in k.asm["ptx"] else "")
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["wait", "launch"]
