@@ -146,17 +146,25 @@ def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: 
     grid = (_cdiv(num_tokens, block_t),)
     jit_functions().route_kernel[grid](
         logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
-        BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps, **meta, **_dependent_launch(logits.device),
+        BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps, **meta, **_dependent_launch(logits.device, num_tokens * config.top_k),
     )
     return weights, ids
 
 
-def _dependent_launch(device: torch.device) -> dict:
-    """Launch options: programmatic dependent launch on CUDA sm_90+ (the kernels wait for the previous
-    kernel's results with griddepcontrol.wait before reading, then release the next kernel's launch), so the
-    short kernels of a decode step start without a launch gap; inside a CUDA graph the edges are kept."""
+# Launches of at most this many (token, expert) slots release the next kernel's launch at their start;
+# larger ones when their blocks exit: a dependent grid made resident early waits on the SMs beside a long
+# primary, which cost the full layer 5-10% at T >= 8192 (H200).
+EARLY_TRIGGER_SLOTS = 4096
+
+
+def _dependent_launch(device: torch.device, slots: int) -> dict:
+    """Launch options: programmatic dependent launch on CUDA sm_90+ (each kernel waits for the previous
+    kernel's results with griddepcontrol.wait before reading them), so the short kernels of a decode step
+    start without a launch gap; inside a CUDA graph the edges are kept. DEPENDENT_LAUNCH: 0 off, 1 wait,
+    2 wait and release the next launch at once (slots <= EARLY_TRIGGER_SLOTS)."""
     on = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-    return {"DEPENDENT_LAUNCH": on, "launch_pdl": on}
+    code = 0 if not on else (2 if slots <= EARLY_TRIGGER_SLOTS else 1)
+    return {"DEPENDENT_LAUNCH": code, "launch_pdl": on}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -233,7 +241,7 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
         kernels.dispatch_single_kernel[(1,)](
             ids_flat, emap, counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows, scratch,
             num_slots, max_rows, BLOCK_S=block_s, FILL_BLOCK=2048, num_warps=4,
-            **base_meta, **offset_meta, **_dependent_launch(device),
+            **base_meta, **offset_meta, **_dependent_launch(device, num_slots),
         )
         return
     block_s = multi_block_slots(num_slots) if block_slots is None else block_slots
@@ -246,16 +254,16 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
     stripe = _cdiv(_cdiv(max_rows, num_blocks), fill_block) * fill_block
     kernels.block_histogram_kernel[(num_blocks,)](
         ids_flat, emap, hist, sorted_slots, num_slots, max_rows, stripe, BLOCK_S=block_s, FILL_BLOCK=fill_block,
-        num_warps=4, **base_meta, **_dependent_launch(device),
+        num_warps=4, **base_meta, **_dependent_launch(device, num_slots),
     )
     scan_bins = min(32, num_bins)
     kernels.scan_kernel[(num_bins // scan_bins,)](
         hist, prefix, counts, num_blocks, NUM_EXPERTS=base_meta["NUM_EXPERTS"], NUM_BINS=num_bins,
-        SCAN_BINS=scan_bins, BLOCK_B=64, num_warps=4, **_dependent_launch(device),
+        SCAN_BINS=scan_bins, BLOCK_B=64, num_warps=4, **_dependent_launch(device, num_slots),
     )
     kernels.place_kernel[(num_blocks,)](
         ids_flat, emap, prefix, counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows,
-        num_slots, BLOCK_S=block_s, num_warps=4, **base_meta, **offset_meta, **_dependent_launch(device),
+        num_slots, BLOCK_S=block_s, num_warps=4, **base_meta, **offset_meta, **_dependent_launch(device, num_slots),
     )
 
 
@@ -331,7 +339,7 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
         logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
         emap, *bufs, scratch, num_slots, bufs[4].numel(),
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_S=max(16, _next_pow2(num_slots)), FILL_BLOCK=2048, num_warps=4,
-        **route_meta, **base_meta, **offset_meta, **_dependent_launch(logits.device),
+        **route_meta, **base_meta, **offset_meta, **_dependent_launch(logits.device, num_slots),
     )
     return weights, ids, Dispatch(*bufs, align, heights)
 
@@ -382,7 +390,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     jit_functions().gather_kernel[grid](
         hidden, scale_arg, disp.slot_rows, out, num_slots, hidden_size, hidden.stride(0), out.stride(0),
         TOP_K=top_k, HAS_SCALE=scale is not None, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=num_warps,
-        **_dependent_launch(hidden.device),
+        **_dependent_launch(hidden.device, num_slots),
     )
     return out
 
@@ -428,6 +436,6 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
     jit_functions().combine_kernel[grid](
         y, w_arg, disp.slot_rows, out, num_tokens, hidden_size, y.stride(0), out.stride(0),
         TOP_K=top_k, HAS_WEIGHTS=topk_weights is not None, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps,
-        **_dependent_launch(y.device),
+        **_dependent_launch(y.device, num_tokens * top_k),
     )
     return out

@@ -151,11 +151,12 @@ def dispatch_single_kernel(
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
     NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
     BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr = False,
+    DEPENDENT_LAUNCH: tl.constexpr = 0,
 ):
     """Grid: (1,)."""
-    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+    if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
+    if DEPENDENT_LAUNCH == 2:  # a small launch: the next kernel's grid may start now (else: as blocks exit)
         tl.extra.cuda.gdc_launch_dependents()
     dispatch_single_program(
         ids_ptr, expert_map_ptr, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr,
@@ -169,11 +170,12 @@ def block_histogram_kernel(
     ids_ptr, expert_map_ptr, hist_ptr, sorted_slots_ptr, num_slots, max_rows, fill_stripe,
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr,
     BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr = False,
+    DEPENDENT_LAUNCH: tl.constexpr = 0,
 ):
     """Grid: (num_blocks,). hist[b, 0:NUM_BINS] = histogram of block b's local expert keys."""
-    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+    if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
+    if DEPENDENT_LAUNCH == 2:  # a small launch: the next kernel's grid may start now (else: as blocks exit)
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     slots = b * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -189,11 +191,12 @@ def block_histogram_kernel(
 def scan_kernel(
     hist_ptr, prefix_ptr, counts_ptr, num_blocks,
     NUM_EXPERTS: tl.constexpr, NUM_BINS: tl.constexpr, SCAN_BINS: tl.constexpr, BLOCK_B: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr = False,
+    DEPENDENT_LAUNCH: tl.constexpr = 0,
 ):
     """Grid: (NUM_BINS // SCAN_BINS,). For its experts: prefix[b, e] = sum_{b'<b} hist[b', e]; counts[e]."""
-    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+    if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
+    if DEPENDENT_LAUNCH == 2:  # a small launch: the next kernel's grid may start now (else: as blocks exit)
         tl.extra.cuda.gdc_launch_dependents()
     ecols = tl.program_id(0) * SCAN_BINS + tl.arange(0, SCAN_BINS)
     bl = tl.arange(0, BLOCK_B)
@@ -213,13 +216,14 @@ def place_kernel(
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
     NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
     BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr = False,
+    DEPENDENT_LAUNCH: tl.constexpr = 0,
 ):
     """Grid: (num_blocks,). Offsets from the counts (program 0 stores them); stable rank inside the block by
     sorting; row = row_offsets[e] + rows of e in earlier blocks + rank. prefix[b, :] is reused as the
     block's scratch vector of per-expert row adjustments."""
-    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+    if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
+    if DEPENDENT_LAUNCH == 2:  # a small launch: the next kernel's grid may start now (else: as blocks exit)
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     slot0 = b * BLOCK_S
@@ -252,12 +256,13 @@ def route_dispatch_fused_kernel(
     NUM_EXPERTS: tl.constexpr, NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr, ALIGN: tl.constexpr,
     NUM_HEIGHTS: tl.constexpr, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, H3: tl.constexpr,
     BLOCK_S: tl.constexpr, NUM_BINS: tl.constexpr, FILL_BLOCK: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr = False,
+    DEPENDENT_LAUNCH: tl.constexpr = 0,
 ):
     """Grid: (1,). Small T (decode): route every token, barrier, then the single-program dispatch, in one
     launch. R_NUM_EXPERTS: experts in the logits (global); NUM_EXPERTS: local experts of the dispatch."""
-    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+    if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
+    if DEPENDENT_LAUNCH == 2:  # a small launch: the next kernel's grid may start now (else: as blocks exit)
         tl.extra.cuda.gdc_launch_dependents()
     for tok0 in range(0, num_tokens, BLOCK_T):
         route_token_block(

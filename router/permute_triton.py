@@ -25,10 +25,11 @@ __all__ = ["jit_functions", "permute_launch_params"]
 def gather_kernel(
     hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, num_slots, hidden_size, stride_hidden, stride_a1,
     TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr = False,
+    DEPENDENT_LAUNCH: tl.constexpr = 0,
 ):
-    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+    if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
+    if DEPENDENT_LAUNCH == 2:  # a small launch: the next kernel's grid may start now (else: as blocks exit)
         tl.extra.cuda.gdc_launch_dependents()
     slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -48,10 +49,11 @@ def gather_kernel(
 def combine_kernel(
     y_ptr, weights_ptr, slot_rows_ptr, out_ptr, num_tokens, hidden_size, stride_y, stride_out,
     TOP_K: tl.constexpr, HAS_WEIGHTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr = False,
+    DEPENDENT_LAUNCH: tl.constexpr = 0,
 ):
-    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+    if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
+    if DEPENDENT_LAUNCH == 2:  # a small launch: the next kernel's grid may start now (else: as blocks exit)
         tl.extra.cuda.gdc_launch_dependents()
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)

@@ -383,11 +383,12 @@ def route_kernel(
     BLOCK_G: tl.constexpr,
     USE_LIBDEVICE: tl.constexpr,
     KEY_PACKING: tl.constexpr = 0,
-    DEPENDENT_LAUNCH: tl.constexpr = False,
+    DEPENDENT_LAUNCH: tl.constexpr = 0,
 ):
     """Grid: (cdiv(T, BLOCK_T),). Each program routes one block of tokens."""
-    if DEPENDENT_LAUNCH:  # programmatic dependent launch: wait for the previous kernel, release the next
+    if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
+    if DEPENDENT_LAUNCH == 2:  # a small launch: the next kernel's grid may start now (else: as blocks exit)
         tl.extra.cuda.gdc_launch_dependents()
     tok0 = tl.program_id(0) * BLOCK_T
     route_token_block(

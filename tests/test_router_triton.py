@@ -350,7 +350,7 @@ def test_combine_compiles_for_sm90_with_dependent_launch():
         from triton.compiler import ASTSource
         from moe2cta.router import permute_triton
         fn = permute_triton.jit_functions().combine_kernel
-        consts = dict(TOP_K=8, HAS_WEIGHTS=True, BLOCK_T=2, BLOCK_H=1024, DEPENDENT_LAUNCH=True)
+        consts = dict(TOP_K=8, HAS_WEIGHTS=True, BLOCK_T=2, BLOCK_H=1024, DEPENDENT_LAUNCH=2)
         def ty(n):
             if n in consts: return "constexpr"
             if n == "slot_rows_ptr": return "*i32"

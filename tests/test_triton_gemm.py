@@ -549,7 +549,7 @@ def test_compiles_for_sm90_with_dependent_launch(block_m):
     consts = dict(GATED=True, ACTIVATION=0, GATHER=True, ROWS_PER_SOURCE=8, HAS_BIAS=False, HAS_ROW_SCALE=False,
                   EVEN_K=True, DOT_PRECISION="tf32", BLOCK_E=128, A_TMA=False, W_TMA=True, BLOCK_M=block_m,
                   BLOCK_N=64 if block_m == 16 else 128, BLOCK_K=256 if block_m == 16 else 64, GROUP_M=1,
-                  DEPENDENT_LAUNCH=True)
+                  DEPENDENT_LAUNCH=2)
     facts = _compile_sm90(consts, num_warps=4 if block_m == 16 else 8, num_stages=3)
     assert facts["gdc_wait"] and facts["gdc_launch"]
     assert facts["tma"]  # TMA weight tiles
