@@ -60,6 +60,8 @@ ridge)  # cells where weight streaming and the MMA rate both bind: 128-deep K st
         --models mixtral-8x7b qwen3-30b-a3b deepseek-v3 gpt-oss-120b --out "$out/ridge.json" ;;
 triton-tests)
     step triton-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_triton_gemm.py" ;;
+sm90-tests)
+    step sm90-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_sm90_gpu.py" ;;
 router-tests)
     step router-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_router_gpu.py" ;;
 router-variants)
