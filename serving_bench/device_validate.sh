@@ -74,7 +74,7 @@ layer-full)  # the full grid (5 models x T in 1..32768), one invocation per mode
             --time-per-case 0.05 --out "$out/layer-$m" --progress off --no-plots
     done ;;
 layer-decode)  # decode cells of the three models with the smallest floors at T=1
-    step layer-decode 60 python3 -m moe2cta.serving_bench --models qwen3-30b-a3b,gpt-oss-120b --tokens 1,8 \
+    step layer-decode 60 python3 -m moe2cta.serving_bench --models qwen3-30b-a3b,gpt-oss-120b,qwen3-235b-a22b --tokens 1,8 \
         --backends triton --time-per-case 0.05 --out "$out/layer-decode" --progress off --no-plots ;;
 router-default)
     step router-default 60 python3 -m moe2cta.serving_bench.router_bench --experts 128 --top-k 8 --tokens 1 512 4096 32768 \
