@@ -131,24 +131,10 @@ def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: 
     _check_route_args(logits, config, e_score_correction_bias)
     if _resolve(backend, logits) is RouterBackend.TORCH:
         return route_reference(logits, config, e_score_correction_bias)
-    from .routing_triton import jit_functions, route_launch_params
+    from .routing_triton import launch_route
 
-    num_tokens, num_experts = logits.shape
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    meta = _route_meta(config, num_experts, e_score_correction_bias is not None, logits.device)
-    weights = torch.empty(num_tokens, config.top_k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(num_tokens, config.top_k, dtype=torch.int32, device=logits.device)
-    if num_tokens == 0:
-        return weights, ids
-    block_t, block_e, num_warps = route_launch_params(num_tokens, num_experts, _num_sms(logits.device))
-    bias = e_score_correction_bias if e_score_correction_bias is not None else weights
-    grid = (_cdiv(num_tokens, block_t),)
-    jit_functions().route_kernel[grid](
-        logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
-        BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps, **meta, **_dependent_launch(logits.device, num_tokens * config.top_k),
-    )
-    return weights, ids
+    slots = logits.shape[0] * config.top_k
+    return launch_route(logits, config, e_score_correction_bias, launch_options=_dependent_launch(logits.device, slots))
 
 
 # Launches of at most this many (token, expert) slots release the next kernel's launch at their start;

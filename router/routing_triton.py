@@ -453,25 +453,49 @@ def route_launch_params(num_tokens: int, num_experts: int, num_sms: int = 132) -
     return block_t, block_e, num_warps
 
 
+def launch_route(logits, config, bias, *, key_packing_code: int = 0, block_t: int | None = None,
+                 num_warps: int | None = None, launch_options: dict | None = None):
+    """Allocate (topk_weights fp32, topk_ids int32) and launch route_kernel on checked arguments (router.api.route
+    and route_variant check them). key_packing_code: KEY_PACKING_CODES (0 = AUTO); block_t / num_warps:
+    route_launch_params by default; launch_options: extra launch keywords (programmatic dependent launch)."""
+    import torch
+
+    from .api import _num_sms, _route_meta
+
+    num_tokens, num_experts = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    meta = _route_meta(config, num_experts, bias is not None, logits.device)
+    weights = torch.empty(num_tokens, config.top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(num_tokens, config.top_k, dtype=torch.int32, device=logits.device)
+    if num_tokens == 0:
+        return weights, ids
+    auto_t, block_e, auto_warps = route_launch_params(num_tokens, num_experts, _num_sms(logits.device))
+    block_t = auto_t if block_t is None else block_t
+    num_warps = auto_warps if num_warps is None else num_warps
+    jit_functions().route_kernel[(-(-num_tokens // block_t),)](
+        logits, bias if bias is not None else weights, weights, ids, num_tokens, logits.stride(0),
+        float(config.routed_scaling_factor), BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps,
+        KEY_PACKING=key_packing_code, **meta, **(launch_options or {}),
+    )
+    return weights, ids
+
+
 def route_variant(logits, config, e_score_correction_bias=None, *, key_packing: "KeyPacking | str" = KeyPacking.AUTO,
                   block_t: int | None = None, num_warps: int | None = None):
     """route(..., backend=TRITON) with the kernel choices spelled out (benchmarks and tests compare them):
     key_packing (LOGIT_INT32 where not exact -> ValueError), block_t (tokens per program, a power of two)
     and num_warps (default: route_launch_params). Same results as route() for every choice."""
-    import torch
-
-    from .api import _check_route_args, _num_sms, _route_meta
+    from .api import _check_route_args
 
     _check_route_args(logits, config, e_score_correction_bias)
     packing = resolve_key_packing(key_packing, logits.dtype, config.scoring.value)
-    num_tokens, num_experts = logits.shape
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    meta = _route_meta(config, num_experts, e_score_correction_bias is not None, logits.device)
-    weights = torch.empty(num_tokens, config.top_k, dtype=torch.float32, device=logits.device)
-    ids = torch.empty(num_tokens, config.top_k, dtype=torch.int32, device=logits.device)
-    if num_tokens == 0:
-        return weights, ids
+    if block_t is not None and (block_t < 1 or block_t & (block_t - 1)):
+        raise ValueError(f"block_t: expected a power of two, got {block_t}")
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {num_warps}")
+    return launch_route(logits, config, e_score_correction_bias, key_packing_code=KEY_PACKING_CODES[packing],
+                        block_t=block_t, num_warps=num_warps)
     auto_t, block_e, auto_warps = route_launch_params(num_tokens, num_experts, _num_sms(logits.device))
     block_t = auto_t if block_t is None else block_t
     num_warps = auto_warps if num_warps is None else num_warps
