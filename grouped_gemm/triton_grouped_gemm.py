@@ -397,7 +397,13 @@ def _device_limits(device_index: int) -> tuple[int, int]:
 
 def _dependent_launch_supported(device: torch.device) -> bool:
     """Programmatic dependent launch: CUDA sm_90+ and compiled mode (the interpreter has no grids to overlap)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and _sm90_or_newer(
+        device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=16)
+def _sm90_or_newer(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9  # asked once per device, not per launch
 
 
 def _limits_for(device: torch.device) -> tuple[int, int]:

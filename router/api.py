@@ -11,6 +11,7 @@ routing. Kernel modules are imported lazily (importing moe2cta.router needs no G
 from __future__ import annotations
 
 import enum
+import functools
 import os
 
 import torch
@@ -143,12 +144,19 @@ def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: 
 EARLY_TRIGGER_SLOTS = 4096
 
 
+@functools.lru_cache(maxsize=16)
+def _dependent_launch_capable(index: int) -> bool:
+    """sm_90+ (asked once per device, not per launch)."""
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
 def _dependent_launch(device: torch.device, slots: int) -> dict:
     """Launch options: programmatic dependent launch on CUDA sm_90+ (each kernel waits for the previous
     kernel's results with griddepcontrol.wait before reading them), so the short kernels of a decode step
     start without a launch gap; inside a CUDA graph the edges are kept. DEPENDENT_LAUNCH: 0 off, 1 wait,
     2 wait and release the next launch at once (slots <= EARLY_TRIGGER_SLOTS)."""
-    on = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    on = device.type == "cuda" and _dependent_launch_capable(
+        device.index if device.index is not None else torch.cuda.current_device())
     code = 0 if not on else (2 if slots <= EARLY_TRIGGER_SLOTS else 1)
     return {"DEPENDENT_LAUNCH": code, "launch_pdl": on}
 
