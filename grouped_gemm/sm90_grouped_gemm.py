@@ -1,7 +1,9 @@
 """Hopper (sm_90a) grouped GEMM family: configuration, validity, resource model and host API.
 
-The kernel itself (warp roles, pipelines, limits) is described in cute_backend.py, which imports the CuTe
-DSL and is imported lazily from here. This module needs neither a GPU nor the DSL to import.
+Two kernels, each described (warp roles, pipelines, limits) in its own file, which imports the CuTe DSL and
+is imported lazily from here: cute_backend.py (token rows as the wgmma M side: 64/128-row tiles, pair
+units with weight multicast) and cute_swapped_backend.py (Operands.WEIGHTS_AS_M, for decode: weight rows as
+the M side, 16-64 token rows per unit). This module needs neither a GPU nor the DSL to import.
 
 Host API (semantics of grouped_gemm/reference.py):
   prepack_w13(w13) -> packed            once at weight load: gate/up rows interleaved in chunks of 8
@@ -25,12 +27,14 @@ __all__ = [
     "Scheduler",
     "Raster",
     "Consumers",
+    "Operands",
     "Sm90GemmConfig",
     "Sm90Problem",
     "can_implement",
     "smem_bytes",
     "resolve_stages",
     "default_config",
+    "swapped_config",
     "prepack_w13",
     "pack_gate_up_rows",
     "epilogue_operands",
@@ -65,13 +69,32 @@ class Consumers(enum.Enum):
     PINGPONG = "pingpong"  # two consumer warpgroups take alternate units: one's epilogue under the other's MMA
 
 
+class Operands(enum.Enum):
+    """Which side of the wgmma the token rows are (the kernel family file of each: see the module docstring)."""
+
+    TOKENS_AS_M = "tokens_as_m"  # cute_backend.py: 64/128-row token tiles x tile_n weight rows
+    WEIGHTS_AS_M = "weights_as_m"  # cute_swapped_backend.py (decode): tile_n weight rows x 8..64 token rows
+
+
+SWAPPED_TILE_M = (8, 16, 32, 64)  # token rows per unit with WEIGHTS_AS_M (the wgmma N size)
+# Defaults of the swapped (decode) kernel, measured on the H200 (docs/perf-notes-sm90.md, v5): it beats the
+# regular kernel up to ~32 rows per expert; token tiles of 16 rows up to 8 rows per expert on average, 32 up
+# to 16 and 64 up to 32, so that almost every expert fits one tile (a second tile streams the expert's
+# weights again). Weight tiles of 128 rows, halved while the units would fill less than half the SMs.
+SWAPPED_MAX_ROWS_PER_EXPERT = 32
+SWAPPED_TILE_M_LIMITS = ((8, 16), (16, 32), (32, 64))  # (most rows per expert on average, token tile)
+SWAPPED_TILE_N = 128
+SWAPPED_TILE_K = 128
+# rows per expert at which preset bundles hold swapped_config's choice (every tile_m; the narrow weight
+# tiles of batches that hit few experts)
+SWAPPED_PRESET_ROWS = (1 / 256, 1 / 64, 1 / 16, 1 / 4, 8, 16, 32)
 
 
 @dataclasses.dataclass(frozen=True)
 class Sm90GemmConfig:
     """Static choices of one sm90 grouped GEMM kernel (the token count is never one of them)."""
 
-    tile_m: int = 128  # rows per CTA: 64 (one consumer warpgroup) or 128 (two)
+    tile_m: int = 128  # token rows per CTA: 64 (one consumer warpgroup) or 128 (two); WEIGHTS_AS_M: 8..64
     tile_n: int = 256  # weight rows per CTA tile (GEMM1: gate+up interleaved, output tile_n / 2)
     tile_k: int = 64
     stages: int = 0  # 0: as many as the SMEM budget allows (at most 8)
@@ -80,6 +103,7 @@ class Sm90GemmConfig:
     raster: Raster = Raster.ALONG_N
     pair_threshold: int = 256  # runtime: experts with at least this many rows use pair units
     consumers: Consumers = Consumers.COOPERATIVE
+    operands: Operands = Operands.TOKENS_AS_M
 
     @property
     def cluster_m(self) -> int:
@@ -119,6 +143,8 @@ def smem_bytes(config: Sm90GemmConfig, stages: int) -> int:
 
 
 def _reserved_bytes(config: Sm90GemmConfig) -> int:
+    if config.operands is Operands.WEIGHTS_AS_M:  # no SMEM epilogue; one more metadata array (token tiles)
+        return BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES * 3 // 2 + 2 * 1024
     epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES
     # + alignment padding of the three 1 KiB-aligned buffers
     return epi + BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES + 3 * 1024
@@ -139,17 +165,26 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         return False, f"config: expected Sm90GemmConfig, got {type(config).__name__}"
     if problem.dtype not in (torch.bfloat16, torch.float16):
         return False, f"dtype: expected bfloat16 or float16, got {problem.dtype}"
-    if config.tile_m not in (64, 128):
+    swapped = config.operands is Operands.WEIGHTS_AS_M
+    if swapped:
+        if config.tile_m not in SWAPPED_TILE_M:
+            return False, f"tile_m: expected one of {SWAPPED_TILE_M} token rows with WEIGHTS_AS_M, got {config.tile_m}"
+        if config.tile_n % 64 or not 64 <= config.tile_n <= 256:
+            return False, f"tile_n: WEIGHTS_AS_M takes 64, 128, 192 or 256 weight rows (wgmma M), got {config.tile_n}"
+        if config.work_unit is not WorkUnit.SINGLE or config.consumers is not Consumers.COOPERATIVE:
+            return False, "operands: WEIGHTS_AS_M runs SINGLE work units with one consumer warpgroup (COOPERATIVE)"
+    elif config.tile_m not in (64, 128):
         return False, f"tile_m: expected 64 or 128, got {config.tile_m}"
     if config.tile_k not in (32, 64, 128):
         return False, f"tile_k: expected 32, 64 or 128, got {config.tile_k}"
     if config.tile_n % 16 or not 16 <= config.tile_n <= 256:
         return False, f"tile_n: expected a multiple of 16 in [16, 256], got {config.tile_n}"
     out_tile_n = config.tile_n // 2 if problem.kind is GemmStage.GEMM1 else config.tile_n
-    if out_tile_n % EPILOGUE_TILE_N and out_tile_n > EPILOGUE_TILE_N:
-        return False, f"tile_n: output tile {out_tile_n} must be a multiple of {EPILOGUE_TILE_N}"
-    if out_tile_n < EPILOGUE_TILE_N and EPILOGUE_TILE_N % out_tile_n:
-        return False, f"tile_n: output tile {out_tile_n} must divide {EPILOGUE_TILE_N}"
+    if not swapped:  # (WEIGHTS_AS_M stores from registers: no SMEM epilogue tile to divide)
+        if out_tile_n % EPILOGUE_TILE_N and out_tile_n > EPILOGUE_TILE_N:
+            return False, f"tile_n: output tile {out_tile_n} must be a multiple of {EPILOGUE_TILE_N}"
+        if out_tile_n < EPILOGUE_TILE_N and EPILOGUE_TILE_N % out_tile_n:
+            return False, f"tile_n: output tile {out_tile_n} must divide {EPILOGUE_TILE_N}"
     if problem.n % config.tile_n:
         return False, f"n: {problem.n} is not a multiple of tile_n {config.tile_n}"
     if problem.kind is GemmStage.GEMM1:
@@ -180,17 +215,45 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     return True, ""
 
 
+def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConfig | None:
+    """The WEIGHTS_AS_M (decode) kernel for about `rows_per_expert` rows per expert, or None where the
+    regular kernel is the better choice (more than SWAPPED_MAX_ROWS_PER_EXPERT rows) or none fits."""
+    if rows_per_expert > SWAPPED_MAX_ROWS_PER_EXPERT:
+        return None
+    tile_m = next(m for most, m in SWAPPED_TILE_M_LIMITS if rows_per_expert <= most)
+    # experts hit: at most one per routed row (T * k = rows_per_expert * E); units = experts hit x n-blocks
+    experts_hit = problem.num_experts * min(1.0, rows_per_expert)
+    tile_n = SWAPPED_TILE_N
+    while tile_n > 64 and experts_hit * (problem.n // tile_n) < ARCH_LIMITS[Arch.SM90].num_sms / 2:
+        tile_n //= 2  # e.g. mixtral T=1 GEMM2: 2 experts x 32 n-blocks would leave half the SMs idle
+    for tile_n in dict.fromkeys((tile_n, 128, 64)):
+        # ALONG_N: the CTAs in flight stream neighbouring weight tiles of one expert (measured 5-10% faster)
+        cfg = Sm90GemmConfig(tile_m=tile_m, tile_n=tile_n, tile_k=SWAPPED_TILE_K, raster=Raster.ALONG_N,
+                             operands=Operands.WEIGHTS_AS_M)
+        if can_implement(cfg, problem)[0]:
+            return cfg
+    return None
+
+
 def default_config(
-    problem: Sm90Problem, scheduler: Scheduler = Scheduler.STATIC, work_unit: WorkUnit = WorkUnit.SINGLE
+    problem: Sm90Problem,
+    scheduler: Scheduler = Scheduler.STATIC,
+    work_unit: WorkUnit = WorkUnit.SINGLE,
+    rows_per_expert: float | None = None,
 ) -> Sm90GemmConfig:
     """Analytic default (docs/perf-notes-sm90.md): 128-row tiles, the widest N tile that divides N,
-    ALONG_N raster, SINGLE work units.
+    ALONG_N raster, SINGLE work units; with `rows_per_expert` (the caller's host-side estimate, e.g.
+    T * k / E) at most SWAPPED_MAX_ROWS_PER_EXPERT, the swapped-operand decode kernel (swapped_config).
 
     Measured on H200 (qwen3-30b-a3b shapes, T = 16..8192): 128x256 beats 128x128 everywhere; ALONG_N
     (the n-blocks of one m-block back to back, so each token tile is read from HBM once) beats ALONG_M by
     15-25%; 64-row tiles (one consumer warpgroup) lose even at decode sizes; PAIR units (B multicast)
     tie at decode sizes and lose up to 20% at T=8192 with 128x256 tiles. DYNAMIC ties with STATIC.
     """
+    if rows_per_expert is not None and work_unit is WorkUnit.SINGLE:
+        swapped = swapped_config(problem, rows_per_expert)
+        if swapped is not None:
+            return dataclasses.replace(swapped, scheduler=scheduler)
     for tile_n in (256, 192, 128, 64):
         cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=scheduler)
         if can_implement(cfg, problem)[0]:
@@ -254,7 +317,8 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         cluster=(config.cluster_m, 1, 1),
         epilogue=problem.epilogue,
         extra=(("stages", resolve_stages(config)), ("sched", config.scheduler.value), ("raster", config.raster.value))
-        + ((("consumers", config.consumers.value),) if config.consumers is not Consumers.COOPERATIVE else ()),
+        + ((("consumers", config.consumers.value),) if config.consumers is not Consumers.COOPERATIVE else ())
+        + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ()),
     )
 
 
@@ -267,8 +331,6 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    from .cute_backend import Sm90GroupedGemmKernel
-
     dt = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[problem.dtype]
     e, n, k = problem.num_experts, problem.n, problem.k
     m = cute.sym_int()
@@ -280,12 +342,11 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
     bias = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int()), stride_order=(1, 0))
     row_scale = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),))
     workspace = make_fake_compact_tensor(cutlass.Int32, (4,))
-    kernel = Sm90GroupedGemmKernel(
+    common = dict(
         tile_m=config.tile_m,
         tile_n=config.tile_n,
         tile_k=config.tile_k,
         stages=resolve_stages(config),
-        cluster_m=config.cluster_m,
         epilogue=problem.activation.value if problem.kind is GemmStage.GEMM1 else "plain",
         has_bias=problem.has_bias,
         has_row_scale=problem.has_row_scale,
@@ -293,8 +354,15 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         scheduler=config.scheduler.value,
         raster=config.raster.value,
         num_sms=ARCH_LIMITS[Arch.SM90].num_sms,
-        consumers=config.consumers.value,
     )
+    if config.operands is Operands.WEIGHTS_AS_M:
+        from .cute_swapped_backend import Sm90SwappedGroupedGemmKernel
+
+        kernel = Sm90SwappedGroupedGemmKernel(**common)
+    else:
+        from .cute_backend import Sm90GroupedGemmKernel
+
+        kernel = Sm90GroupedGemmKernel(**common, cluster_m=config.cluster_m, consumers=config.consumers.value)
     options = f"--enable-tvm-ffi --gpu-arch {Arch.SM90.value}"
     dump_dir = None
     if keep_ptx:  # the compiler also writes the PTX to a file: keep that out of the working directory
@@ -407,13 +475,17 @@ def sm90_grouped_gemm1(
     out: torch.Tensor | None = None,
     config: Sm90GemmConfig | None = None,
     kernel_directory=None,
+    rows_per_expert: float | None = None,
 ) -> torch.Tensor:
-    """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13; b13 public [E, 2I]."""
+    """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13; b13 public [E, 2I].
+
+    config None: default_config(problem, rows_per_expert=rows_per_expert) (a host-side estimate such as
+    T * k / E picks the decode kernel; None: the regular one)."""
     _check_common(a, packed_w13, row_offsets, counts, "packed_w13")
     activation = Activation.parse(activation)
     num_experts, two_i, hidden = packed_w13.shape
     problem = Sm90Problem(GemmStage.GEMM1, two_i, hidden, num_experts, a.dtype, activation, b13 is not None)
-    config = config or default_config(problem)
+    config = config or default_config(problem, rows_per_expert=rows_per_expert)
     if out is None:
         out = torch.empty(a.shape[0], two_i // 2, dtype=a.dtype, device=a.device)
     bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, a.shape[0], b13, None)
@@ -430,12 +502,13 @@ def sm90_grouped_gemm2(
     out: torch.Tensor | None = None,
     config: Sm90GemmConfig | None = None,
     kernel_directory=None,
+    rows_per_expert: float | None = None,
 ) -> torch.Tensor:
-    """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H]."""
+    """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H]; config None as in sm90_grouped_gemm1."""
     _check_common(a, w2, row_offsets, counts, "w2")
     num_experts, hidden, inter = w2.shape
     problem = Sm90Problem(GemmStage.GEMM2, hidden, inter, num_experts, a.dtype, None, b2 is not None, row_scale is not None)
-    config = config or default_config(problem)
+    config = config or default_config(problem, rows_per_expert=rows_per_expert)
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
     bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale)
@@ -444,7 +517,8 @@ def sm90_grouped_gemm2(
 
 # ---------------------------------------------------------------------------------------------- presets
 def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
-    """The kernels a model preset needs: GEMM1 and GEMM2, each as the default (STATIC, SINGLE), DYNAMIC and PAIR."""
+    """The kernels a model preset needs: GEMM1 and GEMM2, each as the default (STATIC, SINGLE), DYNAMIC, PAIR
+    and the swapped-operand decode kernels (swapped_config at SWAPPED_PRESET_ROWS)."""
     dtype = torch.bfloat16
     gemm1 = Sm90Problem(GemmStage.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, dtype,
                         preset.activation, preset.has_bias)
@@ -459,6 +533,10 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
         ):
             cfg = default_config(problem, scheduler, unit)
             if (cfg, problem) not in out:
+                out.append((cfg, problem))
+        for rows in SWAPPED_PRESET_ROWS:
+            cfg = swapped_config(problem, rows)
+            if cfg is not None and (cfg, problem) not in out:
                 out.append((cfg, problem))
     return out
 
@@ -492,6 +570,7 @@ def _config_json(config: Sm90GemmConfig) -> dict:
         "raster": config.raster.value,
         "pair_threshold": config.pair_threshold,
         "consumers": config.consumers.value,
+        "operands": config.operands.value,
     }
 
 

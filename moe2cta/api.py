@@ -204,9 +204,9 @@ def _cute_family_support(module, dtype, hidden, intermediate, num_experts, confi
 def _select_backend(requested: Backend, **facts) -> tuple[Backend, str]:
     """Resolve AUTO (TRITON -> CUTE -> TORCH) and explain; an explicit unsupported backend raises ValueError.
 
-    TRITON comes first because it is the faster full layer on the H200 today (geomean 1.29x of the floor
-    against CUTE's 1.51x over 5 models x 8 token counts, serving_bench/results/layer-h200-2026-11-29.md);
-    revisit when the CuTe decode path and epilogue overlap land.
+    TRITON comes first because it is the faster full layer on the H200 today (geomean 1.24x of the floor
+    against CUTE's 1.29x over 5 models x 8 token counts, serving_bench/results/layer-h200-2026-11-29-v5.md,
+    with the CuTe swapped-operand decode kernels); revisit when the CuTe prefill kernels gain epilogue overlap.
     """
     if requested is not Backend.AUTO:
         ok, reason = _layer_support(requested, **facts)
@@ -408,8 +408,17 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         top_k, hidden.shape[0], config.activation, layer.b13 is not None, hidden.dtype, layer.tuning_cache,
         gemm2_row_scale=not on_input,
     )
+    # sm90: the family default for the batch's average rows per expert (few rows: the swapped-operand decode
+    # kernel). `moe2cta tune` has no swapped-operand candidates yet and its decode entries keep the regular
+    # 128-row default, which the decode kernel beats by 15-45% (docs/perf-notes-sm90.md v5): it wins there.
+    hint = {}
+    if prefix == "sm90":
+        rows_per_expert = hidden.shape[0] * top_k / max(1, layer.num_global_experts)
+        hint["rows_per_expert"] = rows_per_expert
+        if rows_per_expert <= module.SWAPPED_MAX_ROWS_PER_EXPERT:
+            cfg1 = cfg2 = None
     a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=layer.b13,
-               config=cfg1)
+               config=cfg1, **hint)
     # The router weight of each row's slot multiplies in GEMM2's epilogue (padding rows: any weight, never
     # read); combine then sums the k rows of a token in fixed order without weights.
     row_scale = None
@@ -419,7 +428,7 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
             row_scale = flat[disp.sorted_slots.clamp(min=0)]
         else:  # T = 0: nothing to gather from; every row is padding
             row_scale = flat.new_zeros(disp.sorted_slots.shape)
-    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=layer.b2, config=cfg2)
+    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=layer.b2, config=cfg2, **hint)
     return _router_api().combine(
         y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()
     )

@@ -29,6 +29,22 @@ run_step() { case $1 in
 pingpong)  # PINGPONG consumers: checks (incl. several units per CTA), then timings beside the defaults
     step pingpong 120 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" \
         --tokens 2048 8192 --json "$out/pingpong.json" ;;
+swapped)  # every check variant (swapped-operand decode kernels included), then decode-size timings
+    step swapped 200 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --no-pingpong \
+        --tokens 1 16 64 256 512 1024 --json "$out/swapped.json" ;;
+swapped-bench)  # timings only, at the sizes where the swapped / regular crossover lies
+    step swapped-bench 120 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --no-pingpong \
+        --skip-check --tokens 256 512 --json "$out/swapped-bench.json" ;;
+triton-decode-gemm)  # the Triton GEMMs' defaults at the swapped step's sizes, for comparison
+    step triton-decode-gemm 120 python3 -m moe2cta.serving_bench.triton_gemm_bench --defaults-only --models qwen3-30b-a3b \
+        --tokens 1 16 64 256 512 1024 --out "$out/triton-decode-gemm.json" ;;
+racecheck-swapped)
+    step racecheck-swapped 100 compute-sanitizer --tool racecheck --racecheck-report hazard \
+        python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench --routings random \
+        --only g1_swiglu_swapped16 g1_oai_bias_swapped32_dynamic g2_rowscale_bias_swapped16 ;;
+layer-cute-decode)  # decode cells, cute (swapped-operand kernels) beside triton
+    step layer-cute-decode 200 python3 -m moe2cta.serving_bench --models mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b \
+        --tokens 1,8,32,128,512 --backends triton,cute --time-per-case 0.05 --out "$out/layer-cute-decode" --progress off --no-plots ;;
 racecheck)  # shared-memory hazards on small configs of every scheduling / unit / consumer variant
     step racecheck 110 compute-sanitizer --tool racecheck --racecheck-report hazard \
         python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
@@ -69,7 +85,7 @@ router-variants)
         --tokens 1 512 4096 32768 --variants v2 v3 v3,slots=512 v3,slots=2048 v3,bt=8,warps=2 v3,bt=32,warps=8 \
         --profile --out "$out/router-v3" ;;
 layer-full)  # the full grid (5 models x T in 1..32768), one invocation per model so partial results survive
-    for m in mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b; do
+    for m in ${LAYER_MODELS:-mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b}; do
         TAIL=3 step "layer-$m" 110 python3 -m moe2cta.serving_bench --models "$m" --full --backends triton,cute,grouped-mm \
             --time-per-case 0.05 --out "$out/layer-$m" --progress off --no-plots
     done ;;

@@ -73,7 +73,24 @@ def check_variants():
         ("g2_rowscale_n256_pair", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, pair_threshold=1), p2),
         ("g2_rowscale_m64n256_dynamic", Cfg(tile_m=64, tile_n=256, work_unit=WorkUnit.SINGLE,
                                             scheduler=s90.Scheduler.DYNAMIC), p2_bias),
+        # swapped operands (decode kernel): token tiles of 8..64 rows, weight tiles of 64..256 rows
+        ("g1_swiglu_swapped16", swapped(16, 128), p1),
+        ("g1_gelu_swapped64", swapped(64, 64, tile_k=64), p1_gelu),
+        ("g1_oai_bias_swapped32_dynamic", swapped(32, 128, scheduler=s90.Scheduler.DYNAMIC,
+                                                  raster=s90.Raster.ALONG_N), p1_oai),
+        ("g2_rowscale_bias_swapped16", swapped(16, 256, tile_k=64), p2_bias),
+        ("g2_plain_swapped8", swapped(8, 128), p2_plain),
+        ("g1_swiglu_swapped16_many", swapped(16, 128), p1),
+        ("g2_rowscale_swapped16_dynamic_many", swapped(16, 128, scheduler=s90.Scheduler.DYNAMIC), p2),
+        ("g1_swiglu_swapped16_decode", swapped(16, 128), p1),
+        ("g2_rowscale_swapped16_decode", swapped(16, 128), p2),
     ]
+
+
+def swapped(tile_m: int, tile_n: int, tile_k: int = 128, scheduler=None, raster=None):
+    """A WEIGHTS_AS_M (decode) configuration."""
+    return Cfg(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, operands=s90.Operands.WEIGHTS_AS_M,
+               scheduler=scheduler or s90.Scheduler.STATIC, raster=raster or s90.Raster.ALONG_M)
 
 
 BENCH_MODELS = {"qwen3-30b-a3b": (2048, 768, 128, 8)}  # H, I, E, top_k
@@ -94,6 +111,22 @@ def bench_variants():
                 (f"{model}/{tag}/n256_along_m", Cfg(tile_n=256, raster=rm), problem),
                 (f"{model}/{tag}/n128_pair_along_m", Cfg(tile_n=128, work_unit=WorkUnit.PAIR, raster=rm), problem),
                 (f"{model}/{tag}/n128_single", Cfg(tile_n=128), problem),
+                # swapped operands (decode): token rows x weight rows x K
+                (f"{model}/{tag}/swapped_16x128x128", swapped(16, 128), problem),
+                (f"{model}/{tag}/swapped_16x128x128_along_n", swapped(16, 128, raster=s90.Raster.ALONG_N), problem),
+                (f"{model}/{tag}/swapped_16x256x64", swapped(16, 256, tile_k=64), problem),
+                (f"{model}/{tag}/swapped_16x64x128", swapped(16, 64), problem),
+                (f"{model}/{tag}/swapped_16x128x128_dynamic", swapped(16, 128, scheduler=dyn), problem),
+                (f"{model}/{tag}/swapped_32x128x128", swapped(32, 128), problem),
+                (f"{model}/{tag}/swapped_64x128x128", swapped(64, 128), problem),
+                (f"{model}/{tag}/swapped_8x128x128_along_n", swapped(8, 128, raster=s90.Raster.ALONG_N), problem),
+                (f"{model}/{tag}/swapped_32x128x128_along_n", swapped(32, 128, raster=s90.Raster.ALONG_N), problem),
+                (f"{model}/{tag}/swapped_16x256x64_along_n", swapped(16, 256, tile_k=64, raster=s90.Raster.ALONG_N),
+                 problem),
+                (f"{model}/{tag}/swapped_16x64x128_along_n", swapped(16, 64, raster=s90.Raster.ALONG_N), problem),
+                (f"{model}/{tag}/swapped_64x128x128_along_n", swapped(64, 128, raster=s90.Raster.ALONG_N), problem),
+                (f"{model}/{tag}/swapped_64x256x64_along_n", swapped(64, 256, tile_k=64, raster=s90.Raster.ALONG_N),
+                 problem),
             ]
     return out
 
@@ -156,7 +189,8 @@ def make_counts(kind: str, tokens: int, top_k: int, experts: int, gen: torch.Gen
         return torch.bincount(ids, minlength=experts).to(torch.int32)
     if kind == "zero_experts":  # every other expert empty, odd counts
         counts = torch.zeros(experts, dtype=torch.int32)
-        counts[1::2] = torch.randint(1, 300, (len(counts[1::2]),), generator=gen, dtype=torch.int32)
+        most = max(2, min(300, rows))  # 1..299 rows (fewer for tiny batches)
+        counts[1::2] = torch.randint(1, most, (len(counts[1::2]),), generator=gen, dtype=torch.int32)
         return counts
     if kind == "one_expert":
         counts = torch.zeros(experts, dtype=torch.int32)
@@ -203,10 +237,12 @@ def call(cfg, problem, a, w, ro, cn, bias, row_scale, out, kdir):
 
 def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     dev = torch.device("cuda")
-    # "_many" variants: ~3 units per CTA on 132 SMs (the persistent loop and pipeline phases wrap)
-    tokens, top_k, experts = (8192 if name.endswith("_many") else 300), 4, problem.num_experts
+    # "_many" variants: ~3 units per CTA on 132 SMs (the persistent loop and pipeline phases wrap);
+    # "_decode": 3 tokens, a row or two per expert
+    tokens = 8192 if name.endswith("_many") else 3 if name.endswith("_decode") else 300
+    top_k, experts = 4, problem.num_experts
     counts = make_counts(routing, tokens, top_k, experts, gen)
-    max_rows = tokens * top_k + experts * (ALIGN - 1)
+    max_rows = int(counts.sum()) + experts * (ALIGN - 1)
     ro = padded_layout(counts, max_rows)
     k, n = problem.k, problem.n
     a = (torch.randn(max_rows, k, generator=gen) * 0.5).to(torch.bfloat16)

@@ -67,9 +67,53 @@ def test_stage_count_fits_the_smem_budget():
 def test_every_preset_has_configs():
     for preset in PRESETS.values():
         configs = s90.preset_configs(preset)
-        assert len(configs) == 6
+        swapped = [cfg for cfg, _ in configs if cfg.operands is s90.Operands.WEIGHTS_AS_M]
+        assert len(configs) - len(swapped) == 6  # default, DYNAMIC, PAIR per GEMM
+        for kind in (G1, G2):  # the decode kernels of both GEMMs, every token tile
+            assert {cfg.tile_m for cfg, p in configs if p.kind is kind and cfg in swapped} == {16, 32, 64}
         for cfg, problem in configs:
             assert s90.can_implement(cfg, problem) == (True, "")
+
+
+def test_swapped_weight_tile_narrows_when_few_experts_are_hit():
+    """mixtral-8x7b T=1 GEMM2: 2 experts x 32 n-blocks of 128 would fill 64 of 132 SMs -> 64-row weight tiles."""
+    p2 = s90.Sm90Problem(G2, 4096, 14336, 8, torch.bfloat16, None, False, True)
+    assert s90.swapped_config(p2, rows_per_expert=2 / 8).tile_n == 64
+    assert s90.swapped_config(p2, rows_per_expert=16 / 8).tile_n == 128  # 8 experts x 32 n-blocks
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    assert s90.swapped_config(p1, rows_per_expert=8 / 128).tile_n == 128  # qwen3-30b T=1: 8 x 12 units
+
+
+def test_swapped_operands_limits():
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    W = s90.Operands.WEIGHTS_AS_M
+    assert s90.can_implement(s90.Sm90GemmConfig(tile_m=16, tile_n=128, operands=W), p1) == (True, "")
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=128, tile_n=128, operands=W), p1)
+    assert not ok and "tile_m" in why
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=16, tile_n=96, operands=W), p1)
+    assert not ok and "tile_n" in why
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=16, tile_n=128, operands=W, work_unit=WorkUnit.PAIR), p1)
+    assert not ok and "SINGLE" in why
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=16, tile_n=128), p1)  # 16 rows need swapped operands
+    assert not ok and "tile_m" in why
+
+
+def test_default_config_by_rows_per_expert():
+    p2 = s90.Sm90Problem(G2, 2048, 768, 128, torch.bfloat16, None, False, True)
+    assert s90.default_config(p2).operands is s90.Operands.TOKENS_AS_M
+    few = s90.default_config(p2, rows_per_expert=0.06)
+    assert (few.operands, few.tile_m) == (s90.Operands.WEIGHTS_AS_M, 16)
+    assert s90.default_config(p2, rows_per_expert=8).tile_m == 16
+    assert s90.default_config(p2, rows_per_expert=16).tile_m == 32
+    assert s90.default_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT).tile_m == 64
+    assert few.raster is s90.Raster.ALONG_N and few.tile_n == 128
+    many = s90.default_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1)
+    assert many == s90.default_config(p2)
+    # a pair request keeps the regular kernel; the scheduler request carries over to the swapped one
+    assert s90.default_config(p2, work_unit=WorkUnit.PAIR, rows_per_expert=1).operands is s90.Operands.TOKENS_AS_M
+    assert s90.default_config(p2, s90.Scheduler.DYNAMIC, rows_per_expert=1).scheduler is s90.Scheduler.DYNAMIC
+    key = s90.kernel_key(few, p2)
+    assert "operands" in key.file_stem() and key != s90.kernel_key(s90.default_config(p2), p2)
 
 
 def test_kernel_key_is_static_and_filesystem_safe():
@@ -143,6 +187,33 @@ def test_compile_preset_gemm1(model):
     assert config.work_unit is WorkUnit.PAIR
     compiled = s90.compile_kernel(config, problem, keep_ptx=True)
     _check_ptx(compiled.__ptx__, multicast=True, dynamic=False)
+
+
+SWAPPED = [  # (name, config, problem): the decode kernel (weights as the wgmma M side)
+    ("swapped16_swiglu", s90.swapped_config(s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU), 1),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
+    ("swapped32_rowscale_bias_dynamic",
+     s90.Sm90GemmConfig(tile_m=32, tile_n=64, operands=s90.Operands.WEIGHTS_AS_M, scheduler=s90.Scheduler.DYNAMIC),
+     s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
+]
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("name,config,problem", SWAPPED, ids=[s[0] for s in SWAPPED])
+def test_compile_swapped_and_check_ptx(name, config, problem):
+    """Weights are wgmma's A (M = 64 per instruction), tokens its B (N = tile_m); stores from registers."""
+    assert config.operands is s90.Operands.WEIGHTS_AS_M
+    ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
+    assert ".target sm_90a" in ptx
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    assert shapes == {f"m64n{config.tile_m}k16"}
+    assert "cp.async.bulk.tensor.2d.shared::cta.global" in ptx  # token tile
+    assert "cp.async.bulk.tensor.3d.shared::cta.global" in ptx  # weight tile (expert = 3rd mode)
+    assert "mbarrier.try_wait" in ptx
+    assert "multicast::cluster" not in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" not in ptx and "st.global" in ptx  # register stores
+    assert ("atom.global" in ptx or "red.global" in ptx) == (config.scheduler is s90.Scheduler.DYNAMIC)
+    assert "shfl.sync.up" in ptx  # the per-CTA prefix sum of token tiles
 
 
 def test_pingpong_limits():
