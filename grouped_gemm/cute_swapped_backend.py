@@ -24,7 +24,9 @@ Warp roles (256 threads):
   the 8 matching up rows) makes a gate / up pair of one output column, so the gated activation needs no
   data exchange. Rows past the expert's count (padding) are not stored.
 Pipelines: mainloop (PipelineTmaAsync, `stages` deep) and DYNAMIC's scheduler slot, as in cute_backend.py.
-There is no SMEM epilogue stage: at decode sizes the output is a few KB per unit.
+There is no SMEM epilogue stage: at decode sizes the output is a few KB per unit. The producer and consumer
+loops mirror cute_backend.py's in the kernel body on purpose: a pipeline state advanced inside a helper
+is not carried back through the DSL's loop (the v1 hang recorded in docs/perf-notes-sm90.md).
 
 Limits: cluster 1 (no multicast: a unit holds one expert's few rows), bf16/fp16, K % 8 == 0, N % tile_n
 == 0, tile_n a multiple of 64 (<= 256), tile_m in {8, 16, 32, 64} dividing the row_offsets alignment.
