@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 
 import torch
 
@@ -218,6 +219,10 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
 def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConfig | None:
     """The WEIGHTS_AS_M (decode) kernel for about `rows_per_expert` rows per expert, or None where the
     regular kernel is the better choice (more than SWAPPED_MAX_ROWS_PER_EXPERT rows) or none fits."""
+    if isinstance(rows_per_expert, bool) or not isinstance(rows_per_expert, (int, float)):
+        raise TypeError(f"rows_per_expert: expected a number (e.g. T * k / E), got {type(rows_per_expert).__name__}")
+    if not math.isfinite(rows_per_expert) or rows_per_expert < 0:
+        raise ValueError(f"rows_per_expert: expected a finite number >= 0, got {rows_per_expert}")
     if rows_per_expert > SWAPPED_MAX_ROWS_PER_EXPERT:
         return None
     tile_m = next(m for most, m in SWAPPED_TILE_M_LIMITS if rows_per_expert <= most)

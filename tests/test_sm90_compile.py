@@ -84,6 +84,15 @@ def test_swapped_weight_tile_narrows_when_few_experts_are_hit():
     assert s90.swapped_config(p1, rows_per_expert=8 / 128).tile_n == 128  # qwen3-30b T=1: 8 x 12 units
 
 
+def test_rows_per_expert_is_checked():
+    p2 = s90.Sm90Problem(G2, 2048, 768, 128, torch.bfloat16, None, False, True)
+    for bad in (float("nan"), -1.0, float("inf")):
+        with pytest.raises(ValueError, match="rows_per_expert"):
+            s90.default_config(p2, rows_per_expert=bad)
+    with pytest.raises(TypeError, match="rows_per_expert"):
+        s90.swapped_config(p2, "8")
+
+
 def test_swapped_operands_limits():
     p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
     W = s90.Operands.WEIGHTS_AS_M
