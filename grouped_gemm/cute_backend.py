@@ -464,7 +464,6 @@ class Sm90GroupedGemmKernel:
             rd_shape = cute.shape(thr_copy_r2s.partition_S(sC))
             tRS_rD = cute.make_rmem_tensor(rd_shape[:3], self.acc_dtype)
             tRS_rD_out = cute.make_rmem_tensor(rd_shape[:3], self.c_dtype)
-            size_rD = cute.size(tRS_rD)
             store_pipe = pipeline.PipelineTmaStore.create(
                 num_stages=self.epi_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_wg * self.threads_per_wg),
@@ -506,28 +505,10 @@ class Sm90GroupedGemmKernel:
                     # ---- epilogue (CTA-uniform branch: every consumer thread takes the same one)
                     if has_valid:
                         self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
-                        gC_tile = gC[(None, None, m_block, nb)]
-                        gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
-                        bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-                            tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
+                        epi_count = self.store_tile(
+                            gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD, tRS_rD_out,
+                            tRS_sD, store_pipe, self.epi_barrier, 0, epi_count, warp_idx == 4,
                         )
-                        epi_num = cute.size(gC_epi, mode=[1])
-                        epi_shape = gC_epi.shape[1]
-                        epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-                        for epi_idx in cutlass.range_constexpr(epi_num):
-                            for v in cutlass.range_constexpr(size_rD):
-                                tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
-                            tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
-                            buf = (epi_count + epi_idx) % self.epi_stages
-                            cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
-                            cute.arch.fence_proxy("async.shared", space="cta")
-                            self.epi_barrier.arrive_and_wait()
-                            if warp_idx == 4:
-                                cute.copy(tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))])
-                                store_pipe.producer_commit()
-                                store_pipe.producer_acquire()
-                            self.epi_barrier.arrive_and_wait()
-                        epi_count = epi_count + epi_num
                     if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
                         unit = self.read_published_unit(sched, sched_read, slots)
                         sched_read.advance()
@@ -574,30 +555,11 @@ class Sm90GroupedGemmKernel:
                             rl.advance()
                         if has_valid:
                             self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
-                            gC_tile = gC[(None, None, m_block, nb)]
-                            gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
-                            bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
-                                tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
+                            epi_count = self.store_tile(
+                                gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD,
+                                tRS_rD_out, tRS_sD, store_pipe, epi_barrier, wg * self.epi_stages, epi_count,
+                                warp_idx == 4 + 4 * wg,
                             )
-                            epi_num = cute.size(gC_epi, mode=[1])
-                            epi_shape = gC_epi.shape[1]
-                            epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-                            for epi_idx in cutlass.range_constexpr(epi_num):
-                                for v in cutlass.range_constexpr(size_rD):
-                                    tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
-                                tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
-                                buf = wg * self.epi_stages + (epi_count + epi_idx) % self.epi_stages
-                                cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                epi_barrier.arrive_and_wait()
-                                if warp_idx == 4 + 4 * wg:
-                                    cute.copy(
-                                        tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))]
-                                    )
-                                    store_pipe.producer_commit()
-                                    store_pipe.producer_acquire()
-                                epi_barrier.arrive_and_wait()
-                            epi_count = epi_count + epi_num
                     seen = seen + 1
                     if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
                         unit = self.read_published_unit(sched, sched_read, slots)
@@ -605,6 +567,36 @@ class Sm90GroupedGemmKernel:
                     else:
                         unit = unit + num_clusters
             store_pipe.producer_tail()
+
+    # ------------------------------------------------------------------ epilogue store
+    @cute.jit
+    def store_tile(self, gC_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD, tRS_rD_out, tRS_sD, store_pipe,
+                   epi_barrier, first_buf, epi_count, is_store_warp) -> cutlass.Int32:
+        """One warpgroup's output tile (registers `tRS_rOut`, fp32) -> C: per epilogue sub-tile, convert,
+        stmatrix into SMEM buffer first_buf + (count % epi_stages), one TMA store by the store warp.
+        Returns the new sub-tile count (the caller carries it: the buffer rotation spans units)."""
+        gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
+        bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
+            tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
+        )
+        epi_num = cute.size(gC_epi, mode=[1])
+        epi_shape = gC_epi.shape[1]
+        epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+        size_rD = cute.size(tRS_rD)
+        for epi_idx in cutlass.range_constexpr(epi_num):
+            for v in cutlass.range_constexpr(size_rD):
+                tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
+            tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+            buf = first_buf + (epi_count + epi_idx) % self.epi_stages
+            cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            epi_barrier.arrive_and_wait()
+            if is_store_warp:
+                cute.copy(tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))])
+                store_pipe.producer_commit()
+                store_pipe.producer_acquire()
+            epi_barrier.arrive_and_wait()
+        return epi_count + epi_num
 
     # ------------------------------------------------------------------ scheduling
     @cute.jit

@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/moe2ct
 # shellcheck disable=SC1091
 source .bundle/rt/activate.sh
 export PYTHONPATH=/tmp/moe2cta-site:$PYTHONPATH PYTHONUNBUFFERED=1
-kdir=$PWD/.kernels/all-sm90
+kdir=$PWD/${KERNELS:-.kernels/all-sm90}
 export MOE2CTA_KERNEL_DIR=$kdir MOE2CTA_TUNING_CACHE=$out/tuning.json
 repo=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$out/gpu.txt"
