@@ -31,7 +31,8 @@ While the consumers run the epilogue of unit i, the producer already streams uni
 
 Work units and clusters: cluster (cluster_m, 1, 1), cluster_m 1 or 2. Global m-blocks (row / tile_m over
 all experts) are taken cluster_m at a time: unit u covers m-blocks cluster_m * mu + rank at n-block nb
-(raster ALONG_M: mu fastest; ALONG_N: nb fastest). With cluster_m == 2 the unit is a PAIR when both
+(raster ALONG_M: mu fastest; ALONG_N: nb fastest; GROUPED_M: mu fastest within groups of
+raster_group_m m-units, then nb, then the next group). With cluster_m == 2 the unit is a PAIR when both
 m-blocks belong to one expert with counts[e] >= pair_threshold (a runtime argument): each CTA loads half
 of the weight tile and multicasts it to both (.multicast::cluster). Otherwise the two CTAs work as two
 SINGLES (possibly of different experts), each loading its own whole weight tile. Both CTAs decode the
@@ -74,6 +75,7 @@ SCHED_STATIC = "static"
 SCHED_DYNAMIC = "dynamic"
 RASTER_M = "along_m"  # consecutive units walk down the m-blocks of one n-block (weight tile reuse in L2)
 RASTER_N = "along_n"  # consecutive units walk across the n-blocks of one m-block (A tile reuse in L2)
+RASTER_GROUPED_M = "grouped_m"  # groups of raster_group_m m-blocks: m-blocks of a group, then the next n-block
 CONSUMERS_COOPERATIVE = "cooperative"  # the consumer warpgroups split the rows of every tile
 CONSUMERS_PINGPONG = "pingpong"  # two consumer warpgroups take alternate units (epilogue under the other's MMA)
 
@@ -99,6 +101,7 @@ class Sm90GroupedGemmKernel:
         raster: str,
         num_sms: int,
         consumers: str = CONSUMERS_COOPERATIVE,
+        raster_group_m: int = 8,
     ):
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
         self.pingpong = consumers == CONSUMERS_PINGPONG
@@ -111,6 +114,7 @@ class Sm90GroupedGemmKernel:
         self.num_experts = num_experts
         self.scheduler = scheduler
         self.raster = raster
+        self.raster_group_m = raster_group_m
         self.num_sms = num_sms
         self.out_tile_n = tile_n // 2 if self.gated else tile_n
         self.num_consumer_wg = 2 if self.pingpong else tile_m // 64
@@ -269,6 +273,14 @@ class Sm90GroupedGemmKernel:
         if cutlass.const_expr(self.raster == RASTER_N):
             nb = unit % num_n_blocks
             mu = unit // num_n_blocks
+        elif cutlass.const_expr(self.raster == RASTER_GROUPED_M):
+            span = self.raster_group_m * num_n_blocks
+            group = unit // span
+            first = group * self.raster_group_m
+            size = cutlass.min(cutlass.Int32(self.raster_group_m), num_m_units - first)  # the last group may be short
+            within = unit - group * span
+            mu = first + within % size
+            nb = within // size
         m_block = mu * self.cluster_m + rank
         in_use = m_block < num_m_blocks
         row = cutlass.min(m_block, num_m_blocks - 1) * self.tile_m

@@ -15,6 +15,7 @@ MOE2CTA_KERNEL_DIR (read when asked, never at import).
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -155,10 +156,13 @@ def read_manifest(directory: str | os.PathLike) -> dict:
 
 
 def _write_manifest_entry(directory: pathlib.Path, stem: str, entry: dict) -> None:
-    with _manifest_lock:
+    """Read-modify-write under a thread lock and an exclusive file lock, so that several build processes
+    exporting into one bundle directory (e.g. one per model preset) keep every entry."""
+    with _manifest_lock, open(directory / (MANIFEST_NAME + ".lock"), "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
         manifest = read_manifest(directory)
         manifest[stem] = entry
-        tmp = directory / (MANIFEST_NAME + ".tmp")
+        tmp = directory / f"{MANIFEST_NAME}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
         tmp.replace(directory / MANIFEST_NAME)
 

@@ -35,6 +35,7 @@ __all__ = [
     "smem_bytes",
     "resolve_stages",
     "default_config",
+    "regular_schedule",
     "swapped_config",
     "prepack_w13",
     "pack_gate_up_rows",
@@ -63,6 +64,9 @@ class Scheduler(enum.Enum):
 class Raster(enum.Enum):
     ALONG_M = "along_m"  # consecutive units: next m-block, same n-block (weight tile stays in L2)
     ALONG_N = "along_n"  # consecutive units: next n-block, same m-block (token tile stays in L2)
+    # groups of `raster_group_m` m-blocks; within a group consecutive units walk its m-blocks (the m-blocks
+    # of one expert read the same weight tile at nearly the same time), then the next n-block
+    GROUPED_M = "grouped_m"
 
 
 class Consumers(enum.Enum):
@@ -89,6 +93,10 @@ SWAPPED_TILE_K = 128
 # rows per expert at which preset bundles hold swapped_config's choice (every tile_m; the narrow weight
 # tiles of batches that hit few experts)
 SWAPPED_PRESET_ROWS = (1 / 256, 1 / 64, 1 / 16, 1 / 4, 8, 16, 32)
+# Regular-kernel raster (docs/perf-notes-sm90.md v6): GROUPED_M in groups of 8 m-blocks above 128 rows per
+# expert on average (experts of several m-blocks), ALONG_N at or below
+GROUPED_RASTER_MIN_ROWS = 128
+GROUPED_RASTER_GROUP_M = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +111,7 @@ class Sm90GemmConfig:
     scheduler: Scheduler = Scheduler.STATIC
     raster: Raster = Raster.ALONG_N
     pair_threshold: int = 256  # runtime: experts with at least this many rows use pair units
+    raster_group_m: int = 8  # m-blocks per raster group (Raster.GROUPED_M only)
     consumers: Consumers = Consumers.COOPERATIVE
     operands: Operands = Operands.TOKENS_AS_M
 
@@ -206,6 +215,11 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     if config.consumers is Consumers.PINGPONG and config.tile_m * config.tile_n > 128 * 128:
         return False, (f"consumers: PINGPONG keeps a whole {config.tile_m}x{config.tile_n} accumulator in one "
                        "warpgroup; at most 128x128 fits its registers")
+    if config.raster is Raster.GROUPED_M:
+        if swapped:
+            return False, "raster: GROUPED_M is implemented for TOKENS_AS_M only"
+        if not 1 <= config.raster_group_m <= 64:
+            return False, f"raster_group_m: expected 1..64 m-blocks per group, got {config.raster_group_m}"
     if config.pair_threshold < 0:
         return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
     stages = resolve_stages(config)
@@ -240,27 +254,44 @@ def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConf
     return None
 
 
+def regular_schedule(work_unit: WorkUnit, rows_per_expert: float | None,
+                     scheduler: Scheduler | None = None) -> tuple[Scheduler, Raster]:
+    """(scheduler, raster) of the regular (TOKENS_AS_M) kernel for about `rows_per_expert` rows per expert
+    (None: unknown): DYNAMIC for SINGLE units (PAIR runs STATIC), GROUPED_M above GROUPED_RASTER_MIN_ROWS
+    rows per expert when DYNAMIC, else ALONG_N. An explicit `scheduler` is kept (see default_config)."""
+    if scheduler is None:
+        scheduler = Scheduler.STATIC if work_unit is WorkUnit.PAIR else Scheduler.DYNAMIC
+    grouped = rows_per_expert is None or rows_per_expert > GROUPED_RASTER_MIN_ROWS
+    return scheduler, Raster.GROUPED_M if scheduler is Scheduler.DYNAMIC and grouped else Raster.ALONG_N
+
+
 def default_config(
     problem: Sm90Problem,
-    scheduler: Scheduler = Scheduler.STATIC,
+    scheduler: Scheduler | None = None,
     work_unit: WorkUnit = WorkUnit.SINGLE,
     rows_per_expert: float | None = None,
 ) -> Sm90GemmConfig:
-    """Analytic default (docs/perf-notes-sm90.md): 128-row tiles, the widest N tile that divides N,
-    ALONG_N raster, SINGLE work units; with `rows_per_expert` (the caller's host-side estimate, e.g.
-    T * k / E) at most SWAPPED_MAX_ROWS_PER_EXPERT, the swapped-operand decode kernel (swapped_config).
+    """Analytic default (docs/perf-notes-sm90.md): with `rows_per_expert` (the caller's host-side estimate,
+    e.g. T * k / E) at most SWAPPED_MAX_ROWS_PER_EXPERT, the swapped-operand decode kernel (swapped_config);
+    otherwise 128-row tiles with the widest N tile that divides N, SINGLE work units, and (scheduler None)
+    DYNAMIC scheduling with GROUPED_M raster above GROUPED_RASTER_MIN_ROWS rows per expert (or when the
+    estimate is unknown), ALONG_N at or below it. An explicit scheduler is kept (STATIC: ALONG_N raster).
 
-    Measured on H200 (qwen3-30b-a3b shapes, T = 16..8192): 128x256 beats 128x128 everywhere; ALONG_N
-    (the n-blocks of one m-block back to back, so each token tile is read from HBM once) beats ALONG_M by
-    15-25%; 64-row tiles (one consumer warpgroup) lose even at decode sizes; PAIR units (B multicast)
-    tie at decode sizes and lose up to 20% at T=8192 with 128x256 tiles. DYNAMIC ties with STATIC.
+    Measured on the H200 (v2-v3: qwen3-30b-a3b, T = 16..8192; v6: five models, T = 2048..32768, interleaved
+    timing): 128x256 beats 128x128; ALONG_N beats ALONG_M by 15-25%; 64-row tiles lose even at decode sizes;
+    PAIR units tie at decode sizes and lose up to 20% at T=8192. Where an expert spans several m-blocks,
+    GROUPED_M + DYNAMIC makes its m-blocks read each weight tile back to back (deepseek-v3 T=8192 GEMM1: 34
+    -> 23 GB from DRAM, 8.96 -> 8.31 ms; mixtral T=32768: -17..-25%); with about one m-block per expert,
+    ALONG_N + DYNAMIC is best (deepseek-v3 T=2048 GEMM1 4.29 -> 3.94 ms).
     """
     if rows_per_expert is not None and work_unit is WorkUnit.SINGLE:
         swapped = swapped_config(problem, rows_per_expert)
         if swapped is not None:
-            return dataclasses.replace(swapped, scheduler=scheduler)
+            return dataclasses.replace(swapped, scheduler=scheduler or Scheduler.STATIC)
+    scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler)
     for tile_n in (256, 192, 128, 64):
-        cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=scheduler)
+        cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=scheduler, raster=raster,
+                             raster_group_m=GROUPED_RASTER_GROUP_M)
         if can_implement(cfg, problem)[0]:
             return cfg
     raise ValueError(f"problem: no sm90 configuration fits {problem}")
@@ -322,6 +353,7 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         cluster=(config.cluster_m, 1, 1),
         epilogue=problem.epilogue,
         extra=(("stages", resolve_stages(config)), ("sched", config.scheduler.value), ("raster", config.raster.value))
+        + ((("group", config.raster_group_m),) if config.raster is Raster.GROUPED_M else ())
         + ((("consumers", config.consumers.value),) if config.consumers is not Consumers.COOPERATIVE else ())
         + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ()),
     )
@@ -367,7 +399,8 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
     else:
         from .cute_backend import Sm90GroupedGemmKernel
 
-        kernel = Sm90GroupedGemmKernel(**common, cluster_m=config.cluster_m, consumers=config.consumers.value)
+        kernel = Sm90GroupedGemmKernel(**common, cluster_m=config.cluster_m, consumers=config.consumers.value,
+                                       raster_group_m=config.raster_group_m)
     options = f"--enable-tvm-ffi --gpu-arch {Arch.SM90.value}"
     dump_dir = None
     if keep_ptx:  # the compiler also writes the PTX to a file: keep that out of the working directory
@@ -416,12 +449,14 @@ def _cache_for(directory) -> KernelCache:
 
 
 def _scratch(device: torch.device):
-    """Per-device workspace (DYNAMIC scheduler counter, zero at rest) and 1-element dummies.
+    """Per-stream workspace (DYNAMIC scheduler counter, zero at rest) and 1-element dummies.
 
-    DYNAMIC launches on one device share the counter, so they must be stream-ordered (one stream, or
-    events between streams); STATIC launches do not touch it.
+    DYNAMIC launches that share a counter must be stream-ordered; one counter per (device, stream) makes
+    launches on concurrent streams safe. (A launch captured into a CUDA graph keeps the capturing
+    stream's counter; replays of one graph must not overlap, as for any graph's buffers.) STATIC launches
+    do not touch it.
     """
-    key = (device.type, device.index)
+    key = (device.type, device.index, torch.cuda.current_stream(device).cuda_stream)
     if key not in _SCRATCH:
         _SCRATCH[key] = (
             torch.zeros(4, dtype=torch.int32, device=device),
@@ -522,8 +557,9 @@ def sm90_grouped_gemm2(
 
 # ---------------------------------------------------------------------------------------------- presets
 def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
-    """The kernels a model preset needs: GEMM1 and GEMM2, each as the default (STATIC, SINGLE), DYNAMIC, PAIR
-    and the swapped-operand decode kernels (swapped_config at SWAPPED_PRESET_ROWS)."""
+    """The kernels a model preset needs: GEMM1 and GEMM2, each as default_config picks it for every
+    rows-per-expert range (swapped decode kernels at SWAPPED_PRESET_ROWS, ALONG_N and GROUPED_M regular
+    kernels, and the choice for an unknown estimate), plus STATIC and PAIR alternatives (tuning, pinning)."""
     dtype = torch.bfloat16
     gemm1 = Sm90Problem(GemmStage.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, dtype,
                         preset.activation, preset.has_bias)
@@ -531,17 +567,11 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
                         None, preset.has_bias, True)
     out = []
     for problem in (gemm1, gemm2):
-        for scheduler, unit in (
-            (Scheduler.STATIC, WorkUnit.SINGLE),
-            (Scheduler.DYNAMIC, WorkUnit.SINGLE),
-            (Scheduler.STATIC, WorkUnit.PAIR),
-        ):
-            cfg = default_config(problem, scheduler, unit)
+        configs = [default_config(problem, rows_per_expert=rows)
+                   for rows in (*SWAPPED_PRESET_ROWS, GROUPED_RASTER_MIN_ROWS, None)]
+        configs += [default_config(problem, Scheduler.STATIC), default_config(problem, work_unit=WorkUnit.PAIR)]
+        for cfg in configs:
             if (cfg, problem) not in out:
-                out.append((cfg, problem))
-        for rows in SWAPPED_PRESET_ROWS:
-            cfg = swapped_config(problem, rows)
-            if cfg is not None and (cfg, problem) not in out:
                 out.append((cfg, problem))
     return out
 
@@ -574,6 +604,7 @@ def _config_json(config: Sm90GemmConfig) -> dict:
         "scheduler": config.scheduler.value,
         "raster": config.raster.value,
         "pair_threshold": config.pair_threshold,
+        "raster_group_m": config.raster_group_m,
         "consumers": config.consumers.value,
         "operands": config.operands.value,
     }

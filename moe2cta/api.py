@@ -204,9 +204,10 @@ def _cute_family_support(module, dtype, hidden, intermediate, num_experts, confi
 def _select_backend(requested: Backend, **facts) -> tuple[Backend, str]:
     """Resolve AUTO (TRITON -> CUTE -> TORCH) and explain; an explicit unsupported backend raises ValueError.
 
-    TRITON comes first because it is the faster full layer on the H200 today (geomean 1.24x of the floor
-    against CUTE's 1.29x over 5 models x 8 token counts, serving_bench/results/layer-h200-2026-11-29-v5.md,
-    with the CuTe swapped-operand decode kernels); revisit when the CuTe prefill kernels gain epilogue overlap.
+    TRITON comes first because it is the faster full layer on the H200 at decode sizes, where serving spends
+    most steps (serving_bench/results/layer-h200-2026-11-29-v6.md, 5 models x 8 token counts: decode geomean
+    1.10x of the floor against CUTE's 1.15x). CUTE is faster at prefill (1.45x against 1.51x), but a layer
+    picks its backend once: prefill-heavy callers request CUTE explicitly.
     """
     if requested is not Backend.AUTO:
         ok, reason = _layer_support(requested, **facts)

@@ -810,8 +810,11 @@ def _family_objects(module, candidate: Candidate, problem: GemmProblem):
         dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[p.dtype]
         fam_problem = module.Sm90Problem(stage, p.n, p.k, p.num_experts, dtype, activation=activation,
                                          has_bias=p.has_bias, has_row_scale=row_scale)
+        # scheduler and raster as the family's default picks them for this problem's rows per expert
+        scheduler, raster = module.regular_schedule(c.unit, sum(p.counts) / max(1, p.num_experts))
         config = module.Sm90GemmConfig(tile_m=c.rows_per_cta, tile_n=c.block_n, tile_k=c.block_k, stages=c.stages,
-                                       work_unit=c.unit, pair_threshold=c.pair_threshold)
+                                       work_unit=c.unit, pair_threshold=c.pair_threshold, scheduler=scheduler,
+                                       raster=raster, raster_group_m=module.GROUPED_RASTER_GROUP_M)
         return config, fam_problem
     if c.rows_per_cta != module.ROWS_PER_CTA:
         raise ValueError(f"{c.rows_per_cta} rows per CTA: the family fixes {module.ROWS_PER_CTA} (TMEM lanes)")

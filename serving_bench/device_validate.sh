@@ -48,7 +48,8 @@ layer-cute-decode)  # decode cells, cute (swapped-operand kernels) beside triton
 racecheck)  # shared-memory hazards on small configs of every scheduling / unit / consumer variant
     step racecheck 110 compute-sanitizer --tool racecheck --racecheck-report hazard \
         python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
-        --routings random --only g1_swiglu_single g2_rowscale_pair g1_swiglu_dynamic x_g2_rowscale_bias_pingpong_dynamic_many ;;
+        --routings random --only g1_swiglu_single g2_rowscale_pair g1_swiglu_dynamic g1_swiglu_grouped3_dynamic \
+        x_g2_rowscale_bias_pingpong_dynamic_many ;;
 tests)
     step tests 180 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_api.py" \
         "$repo/tests/test_serving_bench.py" "$repo/tests/test_triton_gemm.py" "$repo/tests/test_tuning.py" ;;
@@ -95,6 +96,28 @@ layer-decode)  # decode cells of the three models with the smallest floors at T=
 router-default)
     step router-default 60 python3 -m moe2cta.serving_bench.router_bench --experts 128 --top-k 8 --tokens 1 512 4096 32768 \
         --out "$out/router-default" ;;
+checks)  # every check variant (regular, swapped, ping-pong) over the four routings, no timings
+    step checks 120 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
+        --json "$out/checks.json" ;;
+prefill-gemm)  # prefill-size GEMMs of every model: CuTe bundles side by side (EXTRA_BUNDLES='label=dir ...' beside $kdir),
+    # the Triton default and dense cuBLAS on the same total shape
+    base=(); for b in ${EXTRA_BUNDLES:-}; do base+=(--bundle "${b%%=*}=$repo/${b#*=}"); done
+    # shellcheck disable=SC2086
+    step prefill-gemm 400 python3 -m moe2cta.serving_bench.prefill_gemm_bench "${base[@]}" --bundle "new=$kdir" \
+        --tokens ${PREFILL_TOKENS:-2048 8192} --variants ${PREFILL_VARIANTS:-default} \
+        ${PREFILL_MODELS:+--models $PREFILL_MODELS} --json "$out/prefill-gemm.json" ;;
+prefill-ncu)  # Nsight Compute: time, DRAM bytes, L2 hit rate, SM clock of the CuTe (NCU_VARIANTS) and Triton GEMMs
+    for cell in ${NCU_CELLS:-qwen3-235b-a22b:8192 deepseek-v3:8192}; do
+        # shellcheck disable=SC2086
+        step "ncu-${cell/:/-}" 150 ncu --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
+dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second \
+            --kernel-name regex:"cute_backend|_grouped_gemm_kernel" \
+            python3 -m moe2cta.serving_bench.prefill_gemm_bench --profile --bundle "new=$kdir" \
+            --models "${cell%%:*}" --tokens "${cell##*:}" --variants ${NCU_VARIANTS:-default}
+    done ;;
+layer-prefill)  # prefill cells of every model, cute beside triton
+    step layer-prefill 240 python3 -m moe2cta.serving_bench --models mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b \
+        --tokens 2048,8192,32768 --backends triton,cute --time-per-case 0.05 --out "$out/layer-prefill" --progress off --no-plots ;;
 *) echo "unknown step $1" ;;
 esac; }
 lane() { local gpu=$1; shift; for s in "$@"; do CUDA_VISIBLE_DEVICES=$gpu run_step "$s"; done; }

@@ -73,6 +73,10 @@ def check_variants():
         ("g2_rowscale_n256_pair", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, pair_threshold=1), p2),
         ("g2_rowscale_m64n256_dynamic", Cfg(tile_m=64, tile_n=256, work_unit=WorkUnit.SINGLE,
                                             scheduler=s90.Scheduler.DYNAMIC), p2_bias),
+        # GROUPED_M raster: groups of 3 m-blocks (short last group), dynamic and static
+        ("g1_swiglu_grouped3_dynamic", Cfg(tile_n=128, scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M,
+                                           raster_group_m=3), p1),
+        ("g2_rowscale_grouped3_many", Cfg(tile_n=256, raster=s90.Raster.GROUPED_M, raster_group_m=3), p2),
         # swapped operands (decode kernel): token tiles of 8..64 rows, weight tiles of 64..256 rows
         ("g1_swiglu_swapped16", swapped(16, 128), p1),
         ("g1_gelu_swapped64", swapped(64, 64, tile_k=64), p1_gelu),

@@ -420,3 +420,31 @@ def test_gpu_ceilings_and_graph_timing():
     result = time_callable(fn, inputs, torch.device("cuda"), FAST_TIMING, GraphCapture.TRY)
     assert result.mode is TimingMode.CUDA_GRAPH, result.note
     assert all(math.isfinite(s) and s > 0 for s in result.samples_us)
+
+
+# ------------------------------------------------------------------------------------------ prefill GEMM bench
+def test_prefill_bench_variants_are_implementable_and_distinct():
+    """Every CuTe variant the prefill bench times exists for every preset, and each is its own kernel
+    (so `--build` compiles them and the timings compare different code)."""
+    from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
+    from moe2cta.serving_bench import prefill_gemm_bench as pgb
+
+    for preset in PRESETS.values():
+        for problem in pgb.problems_of(preset):
+            for rows in (64, 1024):
+                variants = pgb.variant_configs(problem, rows)
+                assert variants["default"] == s90.default_config(problem, rows_per_expert=rows)
+                for name, cfg in variants.items():
+                    assert s90.can_implement(cfg, problem) == (True, ""), (preset.name, name)
+                stems = [s90.kernel_key(c, problem).file_stem() for n, c in variants.items() if n != "default"]
+                assert len(set(stems)) == len(stems)
+                # the layer's choice is one of the alternatives (64 rows: DYNAMIC ALONG_N, 1024: GROUPED_M 8)
+                assert variants["default"] == variants["dynamic" if rows == 64 else "grouped8_dynamic"]
+
+
+def test_prefill_bench_rejects_a_malformed_bundle(capsys):
+    from moe2cta.serving_bench import prefill_gemm_bench as pgb
+
+    with pytest.raises(SystemExit):
+        pgb.main(["--bundle", "no-equals-sign"])
+    assert "LABEL=DIR" in capsys.readouterr().err

@@ -7,7 +7,10 @@ waits and TMA stores; one is exported as a bundle entry (shared library + PTX + 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import multiprocessing
+import pathlib
 import re
 
 import pytest
@@ -68,7 +71,11 @@ def test_every_preset_has_configs():
     for preset in PRESETS.values():
         configs = s90.preset_configs(preset)
         swapped = [cfg for cfg, _ in configs if cfg.operands is s90.Operands.WEIGHTS_AS_M]
-        assert len(configs) - len(swapped) == 6  # default, DYNAMIC, PAIR per GEMM
+        regular = {(p.kind, c.scheduler, c.raster, c.work_unit) for c, p in configs if c not in swapped}
+        S, D, N, GM = s90.Scheduler.STATIC, s90.Scheduler.DYNAMIC, s90.Raster.ALONG_N, s90.Raster.GROUPED_M
+        # per GEMM: the defaults for <= 128 and > 128 rows per expert, STATIC and PAIR alternatives
+        assert regular == {(kind, *v) for kind in (G1, G2) for v in
+                           ((D, N, WorkUnit.SINGLE), (D, GM, WorkUnit.SINGLE), (S, N, WorkUnit.SINGLE), (S, N, WorkUnit.PAIR))}
         for kind in (G1, G2):  # the decode kernels of both GEMMs, every token tile
             assert {cfg.tile_m for cfg, p in configs if p.kind is kind and cfg in swapped} == {16, 32, 64}
         for cfg, problem in configs:
@@ -116,13 +123,38 @@ def test_default_config_by_rows_per_expert():
     assert s90.default_config(p2, rows_per_expert=16).tile_m == 32
     assert s90.default_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT).tile_m == 64
     assert few.raster is s90.Raster.ALONG_N and few.tile_n == 128
+    # regular kernel: DYNAMIC; ALONG_N while experts hold about one m-block, GROUPED_M above (or unknown)
     many = s90.default_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1)
-    assert many == s90.default_config(p2)
+    assert (many.operands, many.scheduler, many.raster) == (s90.Operands.TOKENS_AS_M, s90.Scheduler.DYNAMIC,
+                                                            s90.Raster.ALONG_N)
+    assert s90.default_config(p2, rows_per_expert=s90.GROUPED_RASTER_MIN_ROWS).raster is s90.Raster.ALONG_N
+    for rows in (s90.GROUPED_RASTER_MIN_ROWS + 1, None):
+        grouped = s90.default_config(p2, rows_per_expert=rows)
+        assert (grouped.scheduler, grouped.raster, grouped.raster_group_m) == (
+            s90.Scheduler.DYNAMIC, s90.Raster.GROUPED_M, s90.GROUPED_RASTER_GROUP_M)
+    # an explicit STATIC scheduler keeps ALONG_N; PAIR units run STATIC (DYNAMIC needs SINGLE units)
+    assert s90.default_config(p2, s90.Scheduler.STATIC).raster is s90.Raster.ALONG_N
+    assert s90.default_config(p2, work_unit=WorkUnit.PAIR).scheduler is s90.Scheduler.STATIC
     # a pair request keeps the regular kernel; the scheduler request carries over to the swapped one
     assert s90.default_config(p2, work_unit=WorkUnit.PAIR, rows_per_expert=1).operands is s90.Operands.TOKENS_AS_M
     assert s90.default_config(p2, s90.Scheduler.DYNAMIC, rows_per_expert=1).scheduler is s90.Scheduler.DYNAMIC
     key = s90.kernel_key(few, p2)
     assert "operands" in key.file_stem() and key != s90.kernel_key(s90.default_config(p2), p2)
+
+
+def test_grouped_raster_limits_and_key():
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    grouped = s90.Sm90GemmConfig(raster=s90.Raster.GROUPED_M, raster_group_m=4)
+    assert s90.can_implement(grouped, p1) == (True, "")
+    ok, why = s90.can_implement(dataclasses.replace(grouped, raster_group_m=0), p1)
+    assert not ok and "raster_group_m" in why
+    ok, why = s90.can_implement(dataclasses.replace(grouped, tile_m=16, tile_n=128, operands=s90.Operands.WEIGHTS_AS_M), p1)
+    assert not ok and "GROUPED_M" in why
+    # the group size is part of the key only for GROUPED_M (existing ALONG_N / ALONG_M bundles keep their names)
+    stems = {s90.kernel_key(dataclasses.replace(grouped, raster_group_m=g), p1).file_stem() for g in (4, 8)}
+    assert len(stems) == 2 and all("group" in stem for stem in stems)
+    along_n = s90.Sm90GemmConfig()
+    assert s90.kernel_key(along_n, p1) == s90.kernel_key(dataclasses.replace(along_n, raster_group_m=3), p1)
 
 
 def test_kernel_key_is_static_and_filesystem_safe():
@@ -168,6 +200,8 @@ SMALL = [  # (name, config, problem): one per epilogue, work unit and scheduler
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, has_bias=True)),
     ("rowscale_bias_pair", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.PAIR), s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
     ("plain_m64", s90.Sm90GemmConfig(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE), s90.Sm90Problem(G2, 128, 64, 4)),
+    ("rowscale_grouped_dynamic", s90.Sm90GemmConfig(tile_n=128, scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M,
+                                                    raster_group_m=3), s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True)),
 ]
 
 
@@ -191,11 +225,16 @@ def test_compile_small_and_check_ptx(name, config, problem):
 
 @NEEDS_DSL
 @pytest.mark.parametrize("model", sorted(PRESETS))
-def test_compile_preset_gemm1(model):
-    config, problem = s90.preset_configs(PRESETS[model])[2]  # the PAIR kernel: multicast B
-    assert config.work_unit is WorkUnit.PAIR
-    compiled = s90.compile_kernel(config, problem, keep_ptx=True)
-    _check_ptx(compiled.__ptx__, multicast=True, dynamic=False)
+def test_compile_preset_kernels(model):
+    """Each preset's PAIR GEMM1 (multicast B) and its prefill defaults (GROUPED_M, DYNAMIC) of both GEMMs."""
+    configs = s90.preset_configs(PRESETS[model])
+    pair = [(c, p) for c, p in configs if c.work_unit is WorkUnit.PAIR and p.kind is G1]
+    prefill = [(c, p) for c, p in configs if c.raster is s90.Raster.GROUPED_M]
+    assert len(pair) == 1 and len(prefill) == 2
+    for config, problem in pair + prefill:
+        compiled = s90.compile_kernel(config, problem, keep_ptx=True)
+        _check_ptx(compiled.__ptx__, multicast=config.work_unit is WorkUnit.PAIR,
+                   dynamic=config.scheduler is s90.Scheduler.DYNAMIC)
 
 
 SWAPPED = [  # (name, config, problem): the decode kernel (weights as the wgmma M side)
@@ -253,3 +292,21 @@ def test_export_writes_library_ptx_and_manifest(tmp_path):
     entry = manifest[key.file_stem()]
     assert entry["key"]["n"] == problem.n and entry["smem_bytes"] == 123
     assert entry["function"] == key.function_name()
+
+
+def _write_entries(directory: str, prefix: str, count: int) -> None:
+    for i in range(count):
+        rt._write_manifest_entry(pathlib.Path(directory), f"{prefix}-{i}", {"i": i})
+
+
+def test_manifest_keeps_every_entry_of_concurrent_builds(tmp_path):
+    """Several build processes exporting into one bundle (e.g. one per preset) must not lose entries."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write_entries, args=(str(tmp_path), f"p{j}", 40)) for j in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    manifest = rt.read_manifest(tmp_path)
+    assert set(manifest) == {f"p{j}-{i}" for j in range(4) for i in range(40)}

@@ -83,3 +83,37 @@ def test_default_config_qwen3_shape(gemm):
     err = ((got - want).norm() / want.norm()).item()
     assert torch.isfinite(got).all()
     assert err < 1e-2, err
+
+
+def test_dynamic_launches_on_concurrent_streams():
+    """The default (DYNAMIC) kernels on two streams at once: each stream has its own work counter, so
+    both results match the twin (one shared counter would hand units of one launch to the other)."""
+    s90 = bench.s90
+    hidden, inter, experts, top_k, tokens = 2048, 768, 128, 8, 2048
+    gen = torch.Generator().manual_seed(9)
+    dev = torch.device("cuda")
+    counts = bench.make_counts("random", tokens, top_k, experts, gen)
+    max_rows = tokens * top_k + experts * (bench.ALIGN - 1)
+    ro = bench.padded_layout(counts, max_rows)
+    mask = torch.zeros(max_rows, dtype=torch.bool)
+    for e in range(experts):
+        mask[int(ro[e]): int(ro[e]) + int(counts[e])] = True
+    w2 = (torch.randn(experts, hidden, inter, generator=gen) / inter**0.5).to(torch.bfloat16).to(dev)
+    inputs = [torch.randn(max_rows, inter, generator=gen).to(torch.bfloat16).to(dev) for _ in range(2)]
+    outs = [torch.full((max_rows, hidden), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(2)]
+    scale = torch.rand(max_rows, generator=gen).to(dev)
+    ro_d, cn_d = ro.to(dev), counts.to(dev)
+    assert s90.default_config(s90.Sm90Problem(bench.G2, hidden, inter, experts, torch.bfloat16, None, False, True)
+                              ).scheduler is s90.Scheduler.DYNAMIC
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    torch.cuda.synchronize()
+    for _ in range(5):  # several rounds, so that the two streams' launches overlap
+        for a, out, stream in zip(inputs, outs, streams):
+            with torch.cuda.stream(stream):
+                s90.sm90_grouped_gemm2(a, w2, ro_d, cn_d, row_scale=scale, out=out)
+    torch.cuda.synchronize()
+    for a, out in zip(inputs, outs):
+        ref = bench.grouped_gemm2_reference(a, w2, ro, counts, scale)
+        got, want = out[mask.to(dev)].float(), ref[mask.to(dev)].float()
+        assert torch.isfinite(got).all()
+        assert ((got - want).norm() / want.norm()).item() < 1e-2

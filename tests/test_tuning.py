@@ -44,7 +44,8 @@ def test_plan_kernels_dedupes_m_free_keys():
     for kind, n, k, fields in tune_cli.gemm_shapes(preset):
         problem = tuning.bucket_problem(kind, preset.num_experts, n, k, 64, **fields)
         family_problem = tuning.sm90_problem(problem)
-        default_stem = s90.kernel_key(s90.default_config(family_problem), family_problem).file_stem()
+        # (bucket 64: 64 rows on every expert, so the regular kernel with the family's schedule for 64 rows)
+        default_stem = s90.kernel_key(s90.default_config(family_problem, rows_per_expert=64), family_problem).file_stem()
         assert any(u == (kind.value, 64, u[2]) and u[2].startswith("default") for u in many[default_stem].uses)
 
 
@@ -195,7 +196,9 @@ def test_kernel_configs_for_layer_tuned_vs_default(tmp_path):
     cache.save()
     cache = tuning.TuningCache(tmp_path / "layer.json")  # round trip through the file
     g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H200", **dims)
-    assert g1 == s90.Sm90GemmConfig(tile_m=64, tile_n=128, tile_k=64, stages=6, work_unit=WorkUnit.SINGLE, pair_threshold=0)
+    # the tuned tile with the family's schedule for 512 rows per expert (DYNAMIC, GROUPED_M)
+    assert g1 == s90.Sm90GemmConfig(tile_m=64, tile_n=128, tile_k=64, stages=6, work_unit=WorkUnit.SINGLE, pair_threshold=0,
+                                    scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M)
     assert g2 is None and source == "gemm1 tuned (bucket 512); gemm2 default (bucket 512 not tuned)"
     # another GPU's or another bucket's entries are not used
     assert tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H100", **dims)[:2] == (None, None)

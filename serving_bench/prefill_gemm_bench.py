@@ -1,0 +1,257 @@
+"""Prefill-size grouped GEMMs on the H200, every model preset: CuTe vs Triton vs dense cuBLAS, one run.
+
+For each model and token count: GEMM1 (fused gated activation) and GEMM2 (row scale) of the CuTe default
+configuration from one or more kernel bundles (labelled, e.g. a baseline bundle and a changed one), the
+Triton default configuration, and one dense cuBLAS matmul with the same total shape ([valid rows, K] x
+[K, N]: the practical ceiling a grouped GEMM cannot beat). Routing: every token picks top_k distinct
+experts uniformly. Timing (METHOD.md): one CUDA graph per candidate holding 4 calls over 4 rotated input
+copies; the graphs are replayed in 15 interleaved rounds (clocks drift with temperature and power during a
+run; interleaving gives every candidate the same conditions) and each reports its median. Every grouped result is compared with a float32 reference on the rows of a few
+experts before it is timed. `--profile` instead calls each kernel once without a graph (for ncu).
+
+    python -m moe2cta.serving_bench.prefill_gemm_bench --bundle base=.kernels/base --bundle new=.kernels/new \\
+        --models deepseek-v3 gpt-oss-120b --tokens 2048 8192 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+
+import torch
+
+from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
+from moe2cta.grouped_gemm import triton_grouped_gemm as tg
+from moe2cta.grouped_gemm.reference import grouped_gemm1_reference, grouped_gemm2_reference
+from moe2cta.presets import get_preset
+from moe2cta.serving_bench.hopper_gemm_bench import ALIGN, Watchdog, make_counts, padded_layout
+
+COPIES = 4
+ROUNDS = 15
+DYN, STATIC = s90.Scheduler.DYNAMIC, s90.Scheduler.STATIC
+GROUPED = s90.Raster.GROUPED_M
+
+
+def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
+    """{name: config} of the CuTe kernels timed per GEMM: "default" (what the layer runs for this many rows
+    per expert), "static" (the v5 default: STATIC, ALONG_N) and scheduling / raster / unit alternatives of
+    the same tile (`--build` compiles the ones a preset bundle does not hold)."""
+    base = s90.default_config(problem, s90.Scheduler.STATIC)
+    rep = dataclasses.replace
+    return {
+        "default": s90.default_config(problem, rows_per_expert=rows_per_expert),
+        "static": base,
+        "dynamic": rep(base, scheduler=DYN),
+        "pair": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1),
+        "along_m_dynamic": rep(base, scheduler=DYN, raster=s90.Raster.ALONG_M),
+        "grouped4_dynamic": rep(base, scheduler=DYN, raster=GROUPED, raster_group_m=4),
+        "grouped8_dynamic": rep(base, scheduler=DYN, raster=GROUPED, raster_group_m=8),
+        "grouped16_dynamic": rep(base, scheduler=DYN, raster=GROUPED, raster_group_m=16),
+        "grouped8_static": rep(base, scheduler=STATIC, raster=GROUPED, raster_group_m=8),
+    }
+
+
+def problems_of(preset):
+    bf = torch.bfloat16
+    return (s90.Sm90Problem(s90.GemmStage.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, bf,
+                            preset.activation, preset.has_bias),
+            s90.Sm90Problem(s90.GemmStage.GEMM2, preset.hidden, preset.intermediate, preset.num_experts, bf,
+                            None, preset.has_bias, True))
+
+
+def build(models, out_dir: str) -> None:
+    """Compile (no GPU) every model's preset kernels plus the variant configurations into out_dir."""
+    extra = []
+    for name in models:
+        preset = get_preset(name)
+        for problem in problems_of(preset):
+            extra += [(cfg, problem) for cfg in dict.fromkeys(variant_configs(problem).values())]
+        written = s90.compile_for_preset(preset, out_dir, extra_configs=extra)
+        extra = []
+        print(f"{name}: {len(written)} kernels -> {out_dir}", flush=True)
+CHECKED_EXPERTS = 3  # experts whose rows are compared against the fp32 reference
+
+
+def _weights(preset, dev, gen_seed: int):
+    """Public w13 [E, 2I, H], packed w13, w2 [E, H, I] (bf16, generated on the device), biases or None."""
+    torch.manual_seed(gen_seed)
+    e, h, i = preset.num_experts, preset.hidden, preset.intermediate
+    w13 = torch.randn(e, 2 * i, h, device=dev, dtype=torch.bfloat16).mul_(h**-0.5)
+    w2 = torch.randn(e, h, i, device=dev, dtype=torch.bfloat16).mul_(i**-0.5)
+    b13 = torch.randn(e, 2 * i, device=dev) * 0.1 if preset.has_bias else None
+    b2 = torch.randn(e, h, device=dev) * 0.1 if preset.has_bias else None
+    return w13, s90.prepack_w13(w13), w2, b13, b2
+
+
+def time_interleaved(fns, copies: int, rounds: int) -> list[float]:
+    """Median ms of one call per fn: one CUDA graph per fn holding `copies` calls (rotated inputs), the
+    graphs replayed in `rounds` interleaved rounds."""
+    stream = torch.cuda.Stream()
+    graphs = []
+    for fn in fns:
+        with torch.cuda.stream(stream):
+            for c in range(copies):
+                fn(c)  # warm-up (loads the module)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for c in range(copies):
+                fn(c)
+        graphs.append(graph)
+    samples = [[] for _ in fns]
+    for _ in range(rounds):
+        for g, graph in enumerate(graphs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples[g].append(start.elapsed_time(end) / copies)
+    return [sorted(x)[len(x) // 2] for x in samples]
+
+
+def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants=("default",)) -> list[dict]:
+    dev = torch.device("cuda")
+    e, h, i, k = preset.num_experts, preset.hidden, preset.intermediate, preset.top_k
+    w13, w13_packed, w2, b13, b2 = weights
+    counts = make_counts("random", tokens, k, e, gen)
+    max_rows = tokens * k + e * (ALIGN - 1)
+    ro = padded_layout(counts, max_rows)
+    rows = int(counts.sum())
+    padded_rows = int(ro[-1])
+    zero = torch.zeros(1, dtype=torch.int64)
+    tile_offsets = torch.stack(
+        [torch.cat([zero, ((counts.long() + t - 1) // t).cumsum(0)]) for t in tg.DEFAULT_TILE_HEIGHTS]
+    ).to(torch.int32).to(dev).contiguous()
+    ro_d, cn_d = ro.to(dev), counts.to(dev)
+    a1 = [torch.randn(max_rows, h, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
+    a2 = [torch.randn(max_rows, i, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
+    rs = torch.rand(max_rows, device=dev)
+    o1 = torch.empty(max_rows, i, device=dev, dtype=torch.bfloat16)
+    o2 = torch.empty(max_rows, h, device=dev, dtype=torch.bfloat16)
+    # reference on the rows of the first CHECKED_EXPERTS non-empty experts
+    nonempty = [x for x in range(e) if int(counts[x]) > 0][:CHECKED_EXPERTS]
+    check_rows = torch.cat([torch.arange(int(ro[x]), int(ro[x]) + int(counts[x])) for x in nonempty]).to(dev)
+    ref_counts = torch.zeros_like(counts)
+    ref_counts[nonempty] = counts[nonempty]
+    # (the twin converts one expert at a time to fp32 and writes into an fp32 output)
+    ref1 = grouped_gemm1_reference(a1[0], w13, ro, ref_counts, preset.activation, b13,
+                                   out=torch.zeros(max_rows, i, device=dev))[check_rows]
+    ref2 = grouped_gemm2_reference(a2[0], w2, ro, ref_counts, rs, b2,
+                                   out=torch.zeros(max_rows, h, device=dev))[check_rows]
+    tcfg1 = tg.default_config(tg.GroupedGemmProblem(s90.GemmStage.GEMM1, e, i, h, rows))
+    tcfg2 = tg.default_config(tg.GroupedGemmProblem(s90.GemmStage.GEMM2, e, h, i, rows))
+    p1, p2 = problems_of(preset)
+    cfgs1, cfgs2 = variant_configs(p1, rows / e), variant_configs(p2, rows / e)
+    candidates = []  # (label, gemm, fn(copy index))
+    for label, kdir in bundles:
+        for v in variants:
+            name = f"cute-{label}" + ("" if v == "default" else f"-{v}")
+            missing = [cfg for cfg, p in ((cfgs1[v], p1), (cfgs2[v], p2))
+                       if not (pathlib.Path(kdir) / f"{s90.kernel_key(cfg, p).file_stem()}.so").exists()]
+            if missing:
+                print(f"{preset.name:16s} T={tokens:6d} {name}: not in bundle {kdir}, skipped", flush=True)
+                continue
+            candidates += [
+                (name, "gemm1", lambda c, kdir=kdir, cfg=cfgs1[v]: s90.sm90_grouped_gemm1(
+                    a1[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13, out=o1, config=cfg,
+                    kernel_directory=kdir)),
+                (name, "gemm2", lambda c, kdir=kdir, cfg=cfgs2[v]: s90.sm90_grouped_gemm2(
+                    a2[c], w2, ro_d, cn_d, row_scale=rs, b2=b2, out=o2, config=cfg, kernel_directory=kdir)),
+            ]
+    candidates += [
+        ("triton", "gemm1", lambda c: tg.triton_grouped_gemm1(a1[c], w13, ro_d, cn_d, tile_offsets, preset.activation,
+                                                              b13=b13, out=o1, config=tcfg1)),
+        ("triton", "gemm2", lambda c: tg.triton_grouped_gemm2(a2[c], w2, ro_d, cn_d, tile_offsets, row_scale=rs,
+                                                              b2=b2, out=o2, config=tcfg2)),
+    ]
+    dense_w1, dense_w2 = w13[0].t(), w2[0].t()  # [H, 2I], [I, H]
+    d1 = torch.empty(rows, 2 * i, device=dev, dtype=torch.bfloat16)
+    d2 = torch.empty(rows, h, device=dev, dtype=torch.bfloat16)
+    candidates += [
+        ("dense-cublas", "gemm1", lambda c: torch.mm(a1[c][:rows], dense_w1, out=d1)),
+        ("dense-cublas", "gemm2", lambda c: torch.mm(a2[c][:rows], dense_w2, out=d2)),
+    ]
+    # check every candidate first, then capture one graph per candidate and replay them in interleaved
+    # rounds (candidate A, B, C, A, B, C, ...): clocks drift with temperature and power over a run, and
+    # interleaving gives every candidate the same conditions (median per candidate)
+    errors = {}
+    for label, gemm, fn in candidates:
+        dog.arm(f"{preset.name} T={tokens} {label} {gemm}", 4 * dog.seconds)
+        if profile:
+            fn(0)
+            torch.cuda.synchronize()
+            continue
+        if not label.startswith("dense"):
+            out = o1 if gemm == "gemm1" else o2
+            out.fill_(float("nan"))
+            fn(0)
+            torch.cuda.synchronize()
+            errors[(label, gemm)] = _rel_err(out[check_rows], ref1 if gemm == "gemm1" else ref2)
+    if profile:
+        return []
+    dog.arm(f"{preset.name} T={tokens} timing", 20 * dog.seconds)
+    times = time_interleaved([fn for _, _, fn in candidates], COPIES, ROUNDS)
+    results = []
+    for (label, gemm, _), ms in zip(candidates, times):
+        n, kk = (2 * i, h) if gemm == "gemm1" else (h, i)
+        err = errors.get((label, gemm))
+        flops = 2.0 * rows * n * kk
+        r = {"model": preset.name, "tokens": tokens, "gemm": gemm, "backend": label, "rows": rows,
+             "padded_rows": padded_rows, "ms": ms, "tflops": flops / ms / 1e9, "err": err,
+             "ok": err is None or err < 1e-2}
+        results.append(r)
+        print(f"{preset.name:16s} T={tokens:6d} {gemm} {label:30s} {ms * 1e3:9.1f} us {r['tflops']:6.1f} TFLOP/s "
+              f"rows {rows} padded {padded_rows} err {err if err is None else f'{err:.1e}'}", flush=True)
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", action="append", default=[], metavar="LABEL=DIR",
+                        help="a CuTe kernel bundle to time (repeatable)")
+    parser.add_argument("--models", nargs="+", default=["qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
+                                                        "gpt-oss-120b", "mixtral-8x7b"])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", action="store_true", help="one eager call per kernel, no timing (for ncu)")
+    parser.add_argument("--watchdog", type=float, default=60.0)
+    parser.add_argument("--variants", nargs="+", default=["default"],
+                        help=f"CuTe configurations to time per bundle, of: {sorted(variant_configs(problems_of(get_preset('qwen3-30b-a3b'))[0]))}")
+    parser.add_argument("--build", metavar="DIR", default=None, help="compile the kernels (no GPU) into DIR and exit")
+    args = parser.parse_args(argv)
+    if args.build:
+        build(args.models, args.build)
+        return 0
+    bundles = []
+    for spec in args.bundle:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            parser.error(f"--bundle: expected LABEL=DIR, got {spec!r}")
+        bundles.append((label, path))
+    dog = Watchdog(args.watchdog)
+    gen = torch.Generator().manual_seed(11)
+    results = []
+    for name in args.models:
+        preset = get_preset(name)
+        weights = _weights(preset, torch.device("cuda"), 5)
+        for tokens in args.tokens:
+            results += run_cell(preset, tokens, bundles, weights, dog, args.profile, gen, args.variants)
+        del weights
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+    bad = [f"{r['model']} T={r['tokens']} {r['gemm']} {r['backend']}" for r in results if not r["ok"]]
+    print(f"results off the reference: {bad or 'none'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
