@@ -12,8 +12,10 @@ Work decomposition. A tile is (m_tile, n_tile): m_tile is a linear tile index ov
 for tile height block_m (tile_offsets[h_index] is the exclusive prefix sum of ceil(counts / block_m)); the
 expert of an m_tile is the number of experts whose tile range ends at or before it (one vector compare over
 tile_offsets[1:], loaded once per program). Row of the tile: row_offsets[e] + local_tile * block_m.
-The grid is persistent: min(num_SMs * programs_per_sm, a static bound on tiles) programs stride over the
-linear tile ids; the tile count, tile_offsets[h_index, E] * n_tiles, is read on the device, so there is no
+The grid is persistent: min(num_SMs * programs_per_sm, a static bound on tiles) programs take the linear
+tile ids, STATIC (program p: p, p + programs, ...) or DYNAMIC (the next id from a global atomic counter,
+fetched one tile ahead; the last program to finish resets it, so launches sharing a counter, one per
+(device, stream), must be stream-ordered, which a stream guarantees); the tile count, tile_offsets[h_index, E] * n_tiles, is read on the device, so there is no
 host sync and a launch can be captured in a CUDA graph and replayed with another routing.
 Raster: tile ids are grouped by `group_m` m-tiles that sweep all N tiles together (group_m = 1: programs
 running together share A rows; large group_m: they share the weight tile of one expert).
@@ -56,6 +58,7 @@ __all__ = [
     "DEFAULT_TILE_HEIGHTS",
     "GroupedGemmProblem",
     "TileLoad",
+    "TileScheduler",
     "TritonGemmConfig",
     "can_implement",
     "default_config",
@@ -64,12 +67,23 @@ __all__ = [
 ]
 
 DEFAULT_TILE_HEIGHTS = (16, 64, 128, 256)
+DYNAMIC_MAX_EXPERTS = 16  # prefill tiles of layers with at most this many experts are scheduled DYNAMIC
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DEFAULT_SMEM_PER_BLOCK = 227 * 1024  # H100/H200 opt-in limit; the wrappers read the real device's
 _MAX_ACC_REGS_PER_THREAD = 128  # fp32 accumulator registers a thread may hold before spilling is likely
 _OAI_ALPHA = tl.constexpr(SWIGLU_OAI_ALPHA)
 _OAI_LIMIT = tl.constexpr(SWIGLU_OAI_LIMIT)
 _ACTIVATION_CODE = {Activation.SWIGLU: 0, Activation.GELU_GATED: 1, Activation.SWIGLU_OAI: 2}
+
+
+class TileScheduler(enum.Enum):
+    """How the persistent programs pick their tiles."""
+
+    STATIC = "static"  # program p takes tiles p, p + programs, p + 2 * programs, ...
+    # each program takes the next tile from a global atomic counter (fetched one tile ahead), so the tiles
+    # that read one weight tile (the m-tiles of one expert) start back to back; the last program to finish
+    # resets the counter (no host-side reset: launches that share a counter must be stream-ordered)
+    DYNAMIC = "dynamic"
 
 
 class TileLoad(enum.Enum):
@@ -114,6 +128,7 @@ class TritonGemmConfig:
     group_m: int = 8  # m-tiles that sweep the N tiles together (tile raster)
     programs_per_sm: int = 1  # persistent grid = num_SMs * programs_per_sm (capped by the tile bound)
     tile_load: TileLoad = TileLoad.POINTER
+    scheduler: TileScheduler = TileScheduler.STATIC
 
     def smem_bytes(self, problem: GroupedGemmProblem) -> int:
         elem = torch.finfo(problem.dtype).bits // 8
@@ -153,6 +168,8 @@ def can_implement(config: TritonGemmConfig, problem: GroupedGemmProblem) -> tupl
         return False, "num_stages and programs_per_sm must be >= 1"
     if not isinstance(config.tile_load, TileLoad):
         return False, f"tile_load: expected a TileLoad, got {config.tile_load!r}"
+    if not isinstance(config.scheduler, TileScheduler):
+        return False, f"scheduler: expected a TileScheduler, got {config.scheduler!r}"
     if config.tile_load is TileLoad.TMA and (problem.k * (torch.finfo(problem.dtype).bits // 8)) % 16:
         return False, f"tile_load TMA needs K * element size divisible by 16 bytes (K = {problem.k})"
     smem = config.smem_bytes(problem)
@@ -186,6 +203,9 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
       gate/up work per tile), GEMM2 128 x 256, 4 stages. At 33-64 rows per expert the 128-row
       tiles read each expert's weights half as often as 64-row tiles and win (deepseek-v3 T=2048, 64 rows:
       GEMM1 -8%, GEMM2 -17%; wide sweep 2026-11-29 in serving_bench/results/validate-h200-2026-11-29/).
+      Tiles are scheduled DYNAMIC where that measured faster (docs/perf-notes-triton.md, v4): at most 64
+      rows per active expert (deepseek-v3 / gpt-oss T=2048: -2..-8%) or at most DYNAMIC_MAX_EXPERTS experts
+      (mixtral GEMM1: -6..-7%); STATIC elsewhere (128-2048 rows on 128-256 experts: DYNAMIC +2..6%).
     Decode and small launch 2 programs per SM even where one fits: the waiting programs start as others
     finish, which evens out the tiles per SM. TMA needs K * element size % 16 == 0, else pointer loads.
     """
@@ -208,7 +228,9 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
     else:
         block_m = _nearest_height(128, problem.tile_heights)
         block_n = 128 if problem.stage is GemmStage.GEMM1 else 256
-        config = TritonGemmConfig(block_m, block_n, 64, 8, 4, group_m=8, programs_per_sm=1, tile_load=tma)
+        dynamic = rows_per_active <= 64 or problem.num_experts <= DYNAMIC_MAX_EXPERTS
+        config = TritonGemmConfig(block_m, block_n, 64, 8, 4, group_m=8, programs_per_sm=1, tile_load=tma,
+                                  scheduler=TileScheduler.DYNAMIC if dynamic else TileScheduler.STATIC)
     if config.tile_load is TileLoad.TMA and not can_implement(config, problem)[0]:
         config = dataclasses.replace(config, tile_load=TileLoad.POINTER)
     # Shrink stages (then block_k) until it fits the device's shared memory.
@@ -233,7 +255,7 @@ def _add(x, y):  # tl.reduce combine function (decorated per mode with the kerne
 
 def _grouped_gemm_kernel(
     a_ptr, a_rows_ptr, w_ptr, bias_ptr, row_scale_ptr, out_ptr, a_desc, w_desc,
-    row_offsets_ptr, counts_ptr, tile_offsets_ptr,
+    row_offsets_ptr, counts_ptr, tile_offsets_ptr, counter_ptr,
     num_experts, N, K,
     stride_am, stride_ak,
     stride_we, stride_wn, stride_wk, up_offset, w_rows_per_expert,
@@ -244,7 +266,7 @@ def _grouped_gemm_kernel(
     HAS_BIAS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_E: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr,
+    DEPENDENT_LAUNCH: tl.constexpr, DYNAMIC: tl.constexpr,
 ):
     if DEPENDENT_LAUNCH >= 1:
         # Programmatic dependent launch (sm_90+): this grid may start while the previous kernel of the
@@ -261,7 +283,16 @@ def _grouped_gemm_kernel(
     total_tiles = m_tiles * n_tiles
     tiles_per_group = GROUP_M * n_tiles
 
-    for tile in range(pid, total_tiles, num_programs):
+    if DYNAMIC:
+        tile = tl.atomic_add(counter_ptr, 1)
+    else:
+        tile = pid
+    while tile < total_tiles:
+        # the next tile now: the atomic's latency hides behind this tile's work
+        if DYNAMIC:
+            next_tile = tl.atomic_add(counter_ptr, 1)
+        else:
+            next_tile = tile + num_programs
         # Raster: GROUP_M m-tiles sweep all N tiles together.
         group = tile // tiles_per_group
         first_m = group * GROUP_M
@@ -358,6 +389,14 @@ def _grouped_gemm_kernel(
             result = result * tl.load(row_scale_ptr + rows).to(tl.float32)[:, None]
         out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :].to(tl.int64) * stride_on
         tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & n_valid[None, :])
+        tile = next_tile
+    if DYNAMIC:
+        # Epoch reset: every program counts itself done after its last fetch; the last one zeroes both
+        # words, so the next (stream-ordered) launch starts from tile 0 with no host-side reset.
+        done = tl.atomic_add(counter_ptr + 1, 1)
+        if done == num_programs - 1:
+            tl.atomic_xchg(counter_ptr, 0)
+            tl.atomic_xchg(counter_ptr + 1, 0)
 
 
 def _decorated(fn, namespace: dict, **jit_options):
@@ -414,6 +453,19 @@ def _limits_for(device: torch.device) -> tuple[int, int]:
 
 # ----------------------------------------------------------------------------------------------------------
 # Host wrappers.
+
+
+_TILE_COUNTERS: dict = {}
+
+
+def _tile_counter(device: torch.device) -> torch.Tensor:
+    """The DYNAMIC scheduler's [next tile, programs done] counter (zero at rest), one per (device, stream):
+    launches on one stream are ordered, launches on concurrent streams get their own counter."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    if key not in _TILE_COUNTERS:
+        _TILE_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _TILE_COUNTERS[key]
 
 
 def _check_int32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> None:
@@ -537,6 +589,7 @@ def _launch(
                 raise ValueError("a: tile_load TMA needs unit column stride and 16-byte aligned rows")
             a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
     dummy = out  # stands in for absent optional pointers (never read: their constexpr flag is off)
+    dummy_counter = row_offsets  # (int32; never touched unless DYNAMIC)
     dependent = _dependent_launch_supported(device)
     # Early release only from decode-sized launches: a dependent grid made resident early waits on the SMs
     # beside a long GEMM (the full layer lost 5-10% at T >= 8192 on an H200 when every launch released early).
@@ -546,6 +599,7 @@ def _launch(
         bias if bias is not None else dummy, row_scale if row_scale is not None else dummy, out,
         a_desc, w_desc,
         row_offsets, counts, tile_offsets[h_index],
+        _tile_counter(device) if config.scheduler is TileScheduler.DYNAMIC else dummy_counter,
         num_experts, n_dim, k_dim,
         a.stride(0), a.stride(1),
         w.stride(0), w.stride(1), w.stride(2), n_dim * w.stride(1), w_rows,
@@ -564,6 +618,7 @@ def _launch(
         A_TMA=a_desc is not None, W_TMA=w_desc is not None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         DEPENDENT_LAUNCH=dependent_code, launch_pdl=dependent,
+        DYNAMIC=config.scheduler is TileScheduler.DYNAMIC,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

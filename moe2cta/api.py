@@ -205,8 +205,8 @@ def _select_backend(requested: Backend, **facts) -> tuple[Backend, str]:
     """Resolve AUTO (TRITON -> CUTE -> TORCH) and explain; an explicit unsupported backend raises ValueError.
 
     TRITON comes first because it is the faster full layer on the H200 at decode sizes, where serving spends
-    most steps (serving_bench/results/layer-h200-2026-11-29-v6.md, 5 models x 8 token counts: decode geomean
-    1.10x of the floor against CUTE's 1.15x). CUTE is faster at prefill (1.45x against 1.51x), but a layer
+    most steps (serving_bench/results/layer-h200-2026-11-29-v7.md, 5 models x 8 token counts: decode geomean
+    1.10x of the floor against CUTE's 1.15x). CUTE is faster at prefill (1.46x against 1.52x), but a layer
     picks its backend once: prefill-heavy callers request CUTE explicitly.
     """
     if requested is not Backend.AUTO:

@@ -1,13 +1,15 @@
 """Prefill-size grouped GEMMs on the H200, every model preset: CuTe vs Triton vs dense cuBLAS, one run.
 
-For each model and token count: GEMM1 (fused gated activation) and GEMM2 (row scale) of the CuTe default
-configuration from one or more kernel bundles (labelled, e.g. a baseline bundle and a changed one), the
-Triton default configuration, and one dense cuBLAS matmul with the same total shape ([valid rows, K] x
-[K, N]: the practical ceiling a grouped GEMM cannot beat). Routing: every token picks top_k distinct
-experts uniformly. Timing (METHOD.md): one CUDA graph per candidate holding 4 calls over 4 rotated input
-copies; the graphs are replayed in 15 interleaved rounds (clocks drift with temperature and power during a
-run; interleaving gives every candidate the same conditions) and each reports its median. Every grouped result is compared with a float32 reference on the rows of a few
-experts before it is timed. `--profile` instead calls each kernel once without a graph (for ncu).
+For each model and token count: GEMM1 (fused gated activation) and GEMM2 (row scale) of the CuTe kernels
+from one or more kernel bundles (labelled, e.g. a baseline bundle and a changed one; `--variants` picks
+configurations), the Triton default configuration (and its tiles scheduled STATIC where the default is
+DYNAMIC), and one dense cuBLAS matmul with the same total shape ([valid rows, K] x [K, N]: the practical
+ceiling a grouped GEMM cannot beat). Routing: every token picks top_k distinct experts uniformly.
+Timing (METHOD.md): one CUDA graph per candidate holding 4 calls over 4 rotated input copies; the graphs
+are replayed in 15 interleaved rounds (clocks drift with temperature and power during a run; interleaving
+gives every candidate the same conditions) and each reports its median. Every grouped result is compared
+with a float32 reference on the rows of a few experts before it is timed. `--profile` instead calls each
+kernel once without a graph (for ncu).
 
     python -m moe2cta.serving_bench.prefill_gemm_bench --bundle base=.kernels/base --bundle new=.kernels/new \\
         --models deepseek-v3 gpt-oss-120b --tokens 2048 8192 --json out.json
@@ -165,12 +167,18 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
                 (name, "gemm2", lambda c, kdir=kdir, cfg=cfgs2[v]: s90.sm90_grouped_gemm2(
                     a2[c], w2, ro_d, cn_d, row_scale=rs, b2=b2, out=o2, config=cfg, kernel_directory=kdir)),
             ]
-    candidates += [
-        ("triton", "gemm1", lambda c: tg.triton_grouped_gemm1(a1[c], w13, ro_d, cn_d, tile_offsets, preset.activation,
-                                                              b13=b13, out=o1, config=tcfg1)),
-        ("triton", "gemm2", lambda c: tg.triton_grouped_gemm2(a2[c], w2, ro_d, cn_d, tile_offsets, row_scale=rs,
-                                                              b2=b2, out=o2, config=tcfg2)),
-    ]
+    static = tg.TileScheduler.STATIC
+    for label, t1, t2 in (("triton", tcfg1, tcfg2),  # the default; and its tiles scheduled STATIC
+                          ("triton-static", dataclasses.replace(tcfg1, scheduler=static),
+                           dataclasses.replace(tcfg2, scheduler=static))):
+        if label != "triton" and (t1, t2) == (tcfg1, tcfg2):
+            continue
+        candidates += [
+            (label, "gemm1", lambda c, t1=t1: tg.triton_grouped_gemm1(a1[c], w13, ro_d, cn_d, tile_offsets,
+                                                                      preset.activation, b13=b13, out=o1, config=t1)),
+            (label, "gemm2", lambda c, t2=t2: tg.triton_grouped_gemm2(a2[c], w2, ro_d, cn_d, tile_offsets,
+                                                                      row_scale=rs, b2=b2, out=o2, config=t2)),
+        ]
     dense_w1, dense_w2 = w13[0].t(), w2[0].t()  # [H, 2I], [I, H]
     d1 = torch.empty(rows, 2 * i, device=dev, dtype=torch.bfloat16)
     d2 = torch.empty(rows, h, device=dev, dtype=torch.bfloat16)

@@ -18,10 +18,12 @@ import triton
 import torch
 
 from moe2cta.grouped_gemm import Activation, GemmStage, grouped_gemm1_reference, grouped_gemm2_reference
+from moe2cta.grouped_gemm import triton_grouped_gemm as tg
 from moe2cta.grouped_gemm.triton_grouped_gemm import (
     DEFAULT_TILE_HEIGHTS,
     GroupedGemmProblem,
     TileLoad,
+    TileScheduler,
     TritonGemmConfig,
     can_implement,
     default_config,
@@ -254,6 +256,32 @@ def test_skewed_routing_cpu(interpret, skew):
     check_close(out2, ref2, same2, mask, floor_for(dtype))
 
 
+def test_dynamic_tile_scheduler_cpu(interpret):
+    """DYNAMIC: programs take tiles from a counter; results match, repeat, and the counter is back to zero
+    after every launch (the epoch reset), over routings with empty experts and one busy expert."""
+    gen = torch.Generator().manual_seed(21)
+    num_experts, top_k, hidden_dim, inter = 6, 2, 32, 48
+    dtype = torch.float16
+    dyn = dataclasses.replace(SMALL, scheduler=TileScheduler.DYNAMIC)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen) / hidden_dim**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden_dim, inter, generator=gen) / inter**0.5).to(dtype)
+    for skew in (None, "one"):
+        hidden = torch.randn(37, hidden_dim, generator=gen).to(dtype)
+        disp = make_dispatch(random_topk(37, num_experts, top_k, skew=skew, generator=gen), num_experts, align=16)
+        mask = valid_mask(disp)
+        first = None
+        for _ in range(2):
+            out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU, config=dyn)
+            check_close(out1, ref1, same1, mask, floor_for(dtype))
+            assert torch.equal(tg._tile_counter(hidden.device), torch.zeros(2, dtype=torch.int32))
+            first = out1 if first is None else first
+            assert torch.equal(out1[mask], first[mask])
+        a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype))
+        out2, ref2, same2 = run_gemm2(disp, a2, w2, torch.rand(disp["max_rows"], generator=gen), config=dyn)
+        check_close(out2, ref2, same2, mask, floor_for(dtype))
+        assert torch.equal(tg._tile_counter(hidden.device), torch.zeros(2, dtype=torch.int32))
+
+
 def test_default_config_cpu(interpret):
     """The heuristic's config runs (tiny problem) and the buckets pick the documented tiles."""
     gen = torch.Generator().manual_seed(2)
@@ -272,6 +300,11 @@ def test_default_config_cpu(interpret):
     assert pick(32 * 128).block_m == 64  # 32 rows per expert: small bucket
     assert pick(64 * 128).block_m == 128  # 64 rows per expert: 128-row tiles read the weights half as often
     assert pick(4096 * 8).block_m == 128
+    # prefill tiles: DYNAMIC up to 64 rows per active expert or with few experts, else STATIC; decode STATIC
+    assert pick(64 * 128).scheduler is TileScheduler.DYNAMIC
+    assert pick(4096 * 8).scheduler is TileScheduler.STATIC  # 256 rows on each of 128 experts
+    assert pick(4096 * 2, e=8, n=14336, k=4096).scheduler is TileScheduler.DYNAMIC  # mixtral-like
+    assert pick(8).scheduler is TileScheduler.STATIC
     for rows in (0, 1, 8, 512, 4096, 32768, 10**6):
         for stage in GemmStage:
             problem = GroupedGemmProblem(stage, 128, 768, 2048, rows)
@@ -492,7 +525,7 @@ from moe2cta.grouped_gemm import triton_grouped_gemm as tg
 consts, num_warps, num_stages = json.loads(sys.argv[1])
 fn = tg._kernel()
 names = fn.arg_names
-int_ptrs = {"a_rows_ptr", "row_offsets_ptr", "counts_ptr", "tile_offsets_ptr"}
+int_ptrs = {"a_rows_ptr", "row_offsets_ptr", "counts_ptr", "tile_offsets_ptr", "counter_ptr"}
 ptrs = int_ptrs | {"a_ptr", "w_ptr", "bias_ptr", "row_scale_ptr", "out_ptr"}
 sig = {}
 for n in names:
@@ -526,6 +559,7 @@ with tempfile.TemporaryDirectory() as tmp:  # ptxas -v: registers and spill byte
                           capture_output=True, text=True).stderr
 spills = sum(int(x) for x in re.findall(r"(\\d+) bytes spill", info))
 print(json.dumps({"shared": k.metadata.shared, "spills": spills, "wgmma": ptx.count("wgmma.mma_async"),
+                  "atomics": "atom.global" in ptx,
                   "tma": "cp.async.bulk.tensor" in ptx, "gdc_wait": "griddepcontrol.wait" in ptx,
                   "gdc_launch": "griddepcontrol.launch_dependents" in ptx}))
 """
@@ -543,14 +577,16 @@ def _compile_sm90(config_consts: dict, num_warps: int, num_stages: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("block_m", [16, 128])
-def test_compiles_for_sm90_with_dependent_launch(block_m):
-    """Compiled (not interpreted) for sm_90: griddepcontrol for the dependent launch; wgmma for 128-row tiles."""
+@pytest.mark.parametrize("block_m,dynamic", [(16, False), (128, False), (128, True)])
+def test_compiles_for_sm90_with_dependent_launch(block_m, dynamic):
+    """Compiled (not interpreted) for sm_90: griddepcontrol for the dependent launch; wgmma for 128-row tiles;
+    global atomics only with the DYNAMIC tile scheduler."""
     consts = dict(GATED=True, ACTIVATION=0, GATHER=True, ROWS_PER_SOURCE=8, HAS_BIAS=False, HAS_ROW_SCALE=False,
                   EVEN_K=True, DOT_PRECISION="tf32", BLOCK_E=128, A_TMA=False, W_TMA=True, BLOCK_M=block_m,
                   BLOCK_N=64 if block_m == 16 else 128, BLOCK_K=256 if block_m == 16 else 64, GROUP_M=1,
-                  DEPENDENT_LAUNCH=2)
+                  DEPENDENT_LAUNCH=2, DYNAMIC=dynamic)
     facts = _compile_sm90(consts, num_warps=4 if block_m == 16 else 8, num_stages=3)
+    assert facts["atomics"] == dynamic
     assert facts["gdc_wait"] and facts["gdc_launch"]
     assert facts["tma"]  # TMA weight tiles
     assert facts["spills"] == 0
