@@ -211,6 +211,14 @@ def padded_layout(counts: torch.Tensor, max_rows: int):
     return row_offsets
 
 
+def valid_row_mask(row_offsets: torch.Tensor, counts: torch.Tensor, max_rows: int) -> torch.Tensor:
+    """[max_rows] bool on the CPU: True on the valid rows of every expert (not padding)."""
+    mask = torch.zeros(max_rows, dtype=torch.bool)
+    for e in range(len(counts)):
+        mask[int(row_offsets[e]): int(row_offsets[e]) + int(counts[e])] = True
+    return mask
+
+
 # ------------------------------------------------------------------------------------------ run
 class Watchdog:
     def __init__(self, seconds: float):
@@ -272,9 +280,7 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
          None if row_scale is None else row_scale.cuda(), out, kdir)
     torch.cuda.synchronize()
     out = out.cpu()
-    mask = torch.zeros(max_rows, dtype=torch.bool)
-    for e in range(experts):
-        mask[int(ro[e]): int(ro[e]) + int(counts[e])] = True
+    mask = valid_row_mask(ro, counts, max_rows)
     got, want, base = out[mask].double(), ref[mask].double(), same[mask].double()
     unwritten = int(torch.isnan(got).any(dim=1).sum())
     denom = want.norm().item() or 1.0
@@ -311,25 +317,35 @@ def run_checks(kdir, dog, only=None, routings=("random", "skewed", "zero_experts
 
 def time_graph(fn, copies: int, replays: int = 20) -> float:
     """Median ms of one call: a graph holding `copies` calls (one per rotated input set), replayed."""
+    return time_interleaved([fn], copies, replays)[0]
+
+
+def time_interleaved(fns, copies: int, rounds: int) -> list[float]:
+    """Median ms of one call per fn: one CUDA graph per fn holding `copies` calls (rotated inputs), the
+    graphs replayed in `rounds` interleaved rounds (A, B, C, A, B, C, ...: clocks drift with temperature
+    and power over a run, and interleaving gives every fn the same conditions)."""
     stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for i in range(copies):
-            fn(i)  # warm-up (loads the module)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for i in range(copies):
-            fn(i)
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / copies)
-    times.sort()
-    return times[len(times) // 2]
+    graphs = []
+    for fn in fns:
+        with torch.cuda.stream(stream):
+            for c in range(copies):
+                fn(c)  # warm-up (loads the module)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for c in range(copies):
+                fn(c)
+        graphs.append(graph)
+    samples = [[] for _ in fns]
+    for _ in range(rounds):
+        for g, graph in enumerate(graphs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples[g].append(start.elapsed_time(end) / copies)
+    return [sorted(x)[len(x) // 2] for x in samples]
 
 
 def run_bench(kdir, dog, tokens_list, pingpong=True) -> list:
@@ -353,10 +369,7 @@ def run_bench(kdir, dog, tokens_list, pingpong=True) -> list:
             o1 = torch.empty(max_rows, inter, device=dev, dtype=torch.bfloat16)
             o2 = torch.empty(max_rows, hidden, device=dev, dtype=torch.bfloat16)
             rs = torch.rand(max_rows, device=dev)
-            mask = torch.zeros(max_rows, dtype=torch.bool)
-            for e in range(experts):
-                mask[int(ro[e]): int(ro[e]) + int(counts[e])] = True
-            mask = mask.to(dev)
+            mask = valid_row_mask(ro, counts, max_rows).to(dev)
             refs = {
                 G1: grouped_gemm1_reference(a1[0], w13_public, ro, cn, Activation.SWIGLU)[mask].float(),
                 G2: grouped_gemm2_reference(a2[0], w2, ro, cn, rs)[mask].float(),

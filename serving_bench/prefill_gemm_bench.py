@@ -28,7 +28,7 @@ from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
 from moe2cta.grouped_gemm import triton_grouped_gemm as tg
 from moe2cta.grouped_gemm.reference import grouped_gemm1_reference, grouped_gemm2_reference
 from moe2cta.presets import get_preset
-from moe2cta.serving_bench.hopper_gemm_bench import ALIGN, Watchdog, make_counts, padded_layout
+from moe2cta.serving_bench.hopper_gemm_bench import ALIGN, Watchdog, make_counts, padded_layout, time_interleaved
 
 COPIES = 4
 ROUNDS = 15
@@ -85,33 +85,6 @@ def _weights(preset, dev, gen_seed: int):
     b13 = torch.randn(e, 2 * i, device=dev) * 0.1 if preset.has_bias else None
     b2 = torch.randn(e, h, device=dev) * 0.1 if preset.has_bias else None
     return w13, s90.prepack_w13(w13), w2, b13, b2
-
-
-def time_interleaved(fns, copies: int, rounds: int) -> list[float]:
-    """Median ms of one call per fn: one CUDA graph per fn holding `copies` calls (rotated inputs), the
-    graphs replayed in `rounds` interleaved rounds."""
-    stream = torch.cuda.Stream()
-    graphs = []
-    for fn in fns:
-        with torch.cuda.stream(stream):
-            for c in range(copies):
-                fn(c)  # warm-up (loads the module)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for c in range(copies):
-                fn(c)
-        graphs.append(graph)
-    samples = [[] for _ in fns]
-    for _ in range(rounds):
-        for g, graph in enumerate(graphs):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            samples[g].append(start.elapsed_time(end) / copies)
-    return [sorted(x)[len(x) // 2] for x in samples]
 
 
 def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:

@@ -64,9 +64,7 @@ def test_default_config_qwen3_shape(gemm):
     counts = bench.make_counts("skewed", tokens, top_k, experts, gen)
     max_rows = tokens * top_k + experts * (bench.ALIGN - 1)
     ro = bench.padded_layout(counts, max_rows)
-    mask = torch.zeros(max_rows, dtype=torch.bool)
-    for e in range(experts):
-        mask[int(ro[e]): int(ro[e]) + int(counts[e])] = True
+    mask = bench.valid_row_mask(ro, counts, max_rows)
     dev = torch.device("cuda")
     if gemm == "gemm1":
         a = torch.randn(max_rows, hidden, generator=gen).to(torch.bfloat16).to(dev)
@@ -95,9 +93,7 @@ def test_dynamic_launches_on_concurrent_streams():
     counts = bench.make_counts("random", tokens, top_k, experts, gen)
     max_rows = tokens * top_k + experts * (bench.ALIGN - 1)
     ro = bench.padded_layout(counts, max_rows)
-    mask = torch.zeros(max_rows, dtype=torch.bool)
-    for e in range(experts):
-        mask[int(ro[e]): int(ro[e]) + int(counts[e])] = True
+    mask = bench.valid_row_mask(ro, counts, max_rows)
     w2 = (torch.randn(experts, hidden, inter, generator=gen) / inter**0.5).to(torch.bfloat16).to(dev)
     inputs = [torch.randn(max_rows, inter, generator=gen).to(torch.bfloat16).to(dev) for _ in range(2)]
     outs = [torch.full((max_rows, hidden), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(2)]
