@@ -14,9 +14,10 @@ expert of an m_tile is the number of experts whose tile range ends at or before 
 tile_offsets[1:], loaded once per program). Row of the tile: row_offsets[e] + local_tile * block_m.
 The grid is persistent: min(num_SMs * programs_per_sm, a static bound on tiles) programs take the linear
 tile ids, STATIC (program p: p, p + programs, ...) or DYNAMIC (the next id from a global atomic counter,
-fetched one tile ahead; the last program to finish resets it, so launches sharing a counter, one per
-(device, stream), must be stream-ordered, which a stream guarantees); the tile count, tile_offsets[h_index, E] * n_tiles, is read on the device, so there is no
-host sync and a launch can be captured in a CUDA graph and replayed with another routing.
+fetched one tile ahead; the last program to finish resets it; one counter per (device, stream), so the
+launches sharing it are stream-ordered). The tile count, tile_offsets[h_index, E] * n_tiles, is read on
+the device, so there is no host sync and a launch can be captured in a CUDA graph and replayed with
+another routing.
 Raster: tile ids are grouped by `group_m` m-tiles that sweep all N tiles together (group_m = 1: programs
 running together share A rows; large group_m: they share the weight tile of one expert).
 
