@@ -203,8 +203,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", action="store_true", help="one eager call per kernel, no timing (for ncu)")
     parser.add_argument("--watchdog", type=float, default=60.0)
-    parser.add_argument("--variants", nargs="+", default=["default"],
-                        help=f"CuTe configurations to time per bundle, of: {sorted(variant_configs(problems_of(get_preset('qwen3-30b-a3b'))[0]))}")
+    names = sorted(variant_configs(problems_of(get_preset("qwen3-30b-a3b"))[0]))
+    parser.add_argument("--variants", nargs="+", default=["default"], choices=names, metavar="VARIANT",
+                        help=f"CuTe configurations to time per bundle, of: {', '.join(names)}")
     parser.add_argument("--build", metavar="DIR", default=None, help="compile the kernels (no GPU) into DIR and exit")
     args = parser.parse_args(argv)
     if args.build:

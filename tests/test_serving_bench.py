@@ -448,3 +448,12 @@ def test_prefill_bench_rejects_a_malformed_bundle(capsys):
     with pytest.raises(SystemExit):
         pgb.main(["--bundle", "no-equals-sign"])
     assert "LABEL=DIR" in capsys.readouterr().err
+
+
+def test_prefill_bench_rejects_an_unknown_variant(capsys):
+    from moe2cta.serving_bench import prefill_gemm_bench as pgb
+
+    with pytest.raises(SystemExit):
+        pgb.main(["--variants", "no-such-variant"])
+    err = capsys.readouterr().err
+    assert "--variants" in err and "no-such-variant" in err
