@@ -62,7 +62,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from .epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from .epilogue import GATE_UP_CHUNK, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT  # GATE_UP_CHUNK: W13Layout.CHUNKED
 
 # epilogue kinds (strings so they are static and hashable)
 EPI_SWIGLU = "swiglu"
@@ -78,8 +78,6 @@ RASTER_N = "along_n"  # consecutive units walk across the n-blocks of one m-bloc
 RASTER_GROUPED_M = "grouped_m"  # groups of raster_group_m m-blocks: m-blocks of a group, then the next n-block
 CONSUMERS_COOPERATIVE = "cooperative"  # the consumer warpgroups split the rows of every tile
 CONSUMERS_PINGPONG = "pingpong"  # two consumer warpgroups take alternate units (epilogue under the other's MMA)
-
-GATE_UP_CHUNK = 8  # w13 prepack: 8 gate rows then the matching 8 up rows, repeated
 
 
 class Sm90GroupedGemmKernel:

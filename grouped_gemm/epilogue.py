@@ -5,6 +5,9 @@ GEMM2 may scale each row by the router weight of the slot that row holds. The to
 twins every kernel epilogue is checked against; all math is fp32. `GemmStage` and `epilogue_name` are the
 one definition of which GEMM a kernel runs and how its epilogue is named in kernel keys, bundle file names
 and tuning-cache keys (every family uses them; the names must never change, or prebuilt bundles are lost).
+`W13Layout` is the row order of GEMM1's weights: the public one, or gate / up interleaved in chunks of
+GATE_UP_CHUNK rows so that one weight tile holds the gate and up rows of the same output columns (every
+CuTe kernel reads that layout; the Triton kernel reads both).
 """
 from __future__ import annotations
 
@@ -12,10 +15,22 @@ import enum
 
 import torch
 
-__all__ = ["Activation", "GemmStage", "SWIGLU_OAI_ALPHA", "SWIGLU_OAI_LIMIT", "apply_activation", "epilogue_name"]
+__all__ = [
+    "Activation",
+    "GATE_UP_CHUNK",
+    "GemmStage",
+    "SWIGLU_OAI_ALPHA",
+    "SWIGLU_OAI_LIMIT",
+    "W13Layout",
+    "apply_activation",
+    "epilogue_name",
+    "pack_gate_up_rows",
+    "unpack_gate_up_rows",
+]
 
 SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
+GATE_UP_CHUNK = 8  # rows per gate / up chunk of W13Layout.CHUNKED (the wgmma C layout's 8-column groups)
 
 
 class Activation(enum.Enum):
@@ -74,3 +89,38 @@ def apply_activation(gate: torch.Tensor, up: torch.Tensor, activation: Activatio
         up = up.clamp(min=-SWIGLU_OAI_LIMIT, max=SWIGLU_OAI_LIMIT)
         return (up + 1.0) * (gate * torch.sigmoid(SWIGLU_OAI_ALPHA * gate))
     raise ValueError(f"activation: unknown {activation!r}")
+
+
+class W13Layout(enum.Enum):
+    """Row order of w13 [E, 2I, H] (and of b13 [E, 2I])."""
+
+    GATE_THEN_UP = "gate_then_up"  # the public layout: I gate rows, then the I up rows
+    # GATE_UP_CHUNK gate rows, then the matching GATE_UP_CHUNK up rows, repeated (pack_gate_up_rows):
+    # packed rows [2 * c0, 2 * c1) hold the gate and up rows of output columns [c0, c1) for chunk-aligned c0, c1
+    CHUNKED = "chunked"
+
+
+def pack_gate_up_rows(x: torch.Tensor) -> torch.Tensor:
+    """[E, 2I, ...] in GATE_THEN_UP order -> a new contiguous tensor in CHUNKED order (once at weight load)."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise TypeError(f"w13: expected a tensor [E, 2I, ...], got {getattr(x, 'shape', type(x).__name__)}")
+    two_i = x.shape[1]
+    if two_i % (2 * GATE_UP_CHUNK):
+        raise ValueError(f"w13: expected 2I a multiple of {2 * GATE_UP_CHUNK}, got {two_i}")
+    chunks = two_i // (2 * GATE_UP_CHUNK)
+    rest = x.shape[2:]
+    halves = x.reshape(x.shape[0], 2, chunks, GATE_UP_CHUNK, *rest)  # (gate | up, chunk, row in chunk)
+    return halves.transpose(1, 2).reshape(x.shape).contiguous()
+
+
+def unpack_gate_up_rows(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_gate_up_rows: CHUNKED order -> a new contiguous tensor in GATE_THEN_UP order."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise TypeError(f"w13: expected a tensor [E, 2I, ...], got {getattr(x, 'shape', type(x).__name__)}")
+    two_i = x.shape[1]
+    if two_i % (2 * GATE_UP_CHUNK):
+        raise ValueError(f"w13: expected 2I a multiple of {2 * GATE_UP_CHUNK}, got {two_i}")
+    chunks = two_i // (2 * GATE_UP_CHUNK)
+    rest = x.shape[2:]
+    packed = x.reshape(x.shape[0], chunks, 2, GATE_UP_CHUNK, *rest)  # (chunk, gate | up, row in chunk)
+    return packed.transpose(1, 2).reshape(x.shape).contiguous()

@@ -67,7 +67,7 @@ from .budget import (
     tmem_allocation_columns,
     tmem_columns,
 )
-from .epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation, GemmStage, epilogue_name
+from .epilogue import GATE_UP_CHUNK, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation, GemmStage, epilogue_name
 from .sm90_grouped_gemm import epilogue_operands  # one host-side epilogue operand layout for both CuTe families
 
 __all__ = [
@@ -90,7 +90,6 @@ __all__ = [
 FAMILY = "sm100_grouped_gemm"
 ROW_GRANULE = 128  # candidate tiles start every 128 rows: the padded layout's smallest alignment
 ROWS_PER_CTA = 128  # TMEM lanes: one CTA holds 128 accumulator rows (PAIR and SINGLE)
-GATE_UP_CHUNK = 8  # packed w13 (cute_backend.prepack_w13): 8 gate rows then the matching 8 up rows
 SMEM_ALIGN = 1024
 SCHEDULER_SMEM_BYTES = 64  # CLC response + TMEM base address next to the barriers
 EXTRA_BARRIERS = 3  # CLC full/empty + TMEM dealloc handshake

@@ -22,7 +22,7 @@ import torch
 
 from .budget import ARCH_LIMITS, Arch, WorkUnit, input_bytes_per_stage, max_stages
 from .cute_runtime import KernelCache, KernelKey
-from .epilogue import Activation, GemmStage, epilogue_name
+from .epilogue import GATE_UP_CHUNK, Activation, GemmStage, epilogue_name, pack_gate_up_rows
 
 __all__ = [
     "Scheduler",
@@ -49,7 +49,6 @@ __all__ = [
 ]
 
 FAMILY = "sm90_grouped_gemm"
-GATE_UP_CHUNK = 8  # must match cute_backend.GATE_UP_CHUNK (the wgmma C layout's 8-column groups)
 EPILOGUE_SMEM_STAGES = 2
 EPILOGUE_TILE_N = 32
 BARRIER_RESERVE_BYTES = 1024
@@ -298,20 +297,8 @@ def default_config(
 
 
 # ---------------------------------------------------------------------------------------------- prepack
-def pack_gate_up_rows(x: torch.Tensor) -> torch.Tensor:
-    """[..., 2I, *] gate-then-up rows -> rows interleaved in chunks of 8 (gate 8, up 8, gate 8, ...)."""
-    two_i = x.shape[1]
-    if two_i % (2 * GATE_UP_CHUNK):
-        raise ValueError(f"w13: expected 2I a multiple of {2 * GATE_UP_CHUNK}, got {two_i}")
-    inter = two_i // 2
-    rest = x.shape[2:]
-    gate = x[:, :inter].reshape(x.shape[0], inter // GATE_UP_CHUNK, GATE_UP_CHUNK, *rest)
-    up = x[:, inter:].reshape(x.shape[0], inter // GATE_UP_CHUNK, GATE_UP_CHUNK, *rest)
-    return torch.stack((gate, up), dim=2).reshape(x.shape).contiguous()
-
-
 def prepack_w13(w13: torch.Tensor) -> torch.Tensor:
-    """Public w13 [E, 2I, H] (gate rows, then up rows) -> the kernel's interleaved [E, 2I, H] (once at load)."""
+    """Public w13 [E, 2I, H] (gate rows, then up rows) -> W13Layout.CHUNKED [E, 2I, H] (once at load)."""
     if not isinstance(w13, torch.Tensor) or w13.dim() != 3:
         raise TypeError(f"w13: expected a 3-d tensor [E, 2I, H], got {getattr(w13, 'shape', type(w13))}")
     return pack_gate_up_rows(w13)

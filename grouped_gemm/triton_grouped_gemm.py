@@ -2,9 +2,12 @@
 
 One kernel family, two entry points:
 - GEMM1 (gated): out[r, n] = act(a[r] @ w13[e, n] + b13[e, n], a[r] @ w13[e, I + n] + b13[e, I + n]),
-  w13 in the public layout [E, 2I, H]; each program loads the gate block (rows n) and the up block
-  (rows I + n) of the same N tile, keeps two fp32 accumulators and applies the activation in registers,
-  so no prepacking is needed. Optional fused gather: with `a_rows` the A rows come from a compact token
+  w13 [E, 2I, H] in either W13Layout: GATE_THEN_UP (public; each program loads the gate block, rows n,
+  and the up block, rows I + n, of its N tile into two fp32 accumulators, so no prepacking is needed) or
+  CHUNKED (the CuTe kernels' packed layout: one block of 2 * block_n packed rows, one dot into a
+  [block_m, 2 * block_n] accumulator whose columns are split into gate and up in registers). The activation
+  is applied in registers. A layer can so feed the Triton and CuTe kernels from one packed copy of w13.
+  Optional fused gather: with `a_rows` the A rows come from a compact token
   matrix, a[a_rows[r]] (a_rows[r] == -1 loads zeros), which skips materializing the gathered a1.
 - GEMM2 (plain): y[r, n] = (a[r] @ w2[e, n] + b2[e, n]) * row_scale[r].
 
@@ -53,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation, GemmStage
+from .epilogue import GATE_UP_CHUNK, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation, GemmStage, W13Layout
 
 __all__ = [
     "DEFAULT_TILE_HEIGHTS",
@@ -111,6 +114,12 @@ class GroupedGemmProblem:
     tile_heights: tuple[int, ...] = DEFAULT_TILE_HEIGHTS
     num_sms: int = 132
     smem_per_block: int = _DEFAULT_SMEM_PER_BLOCK
+    w13_layout: W13Layout = W13Layout.GATE_THEN_UP  # GEMM1's weight row order (GEMM2 ignores it)
+
+    @property
+    def chunked(self) -> bool:
+        """GEMM1 on W13Layout.CHUNKED: one weight tile of 2 * block_n packed rows per K step."""
+        return self.stage is GemmStage.GEMM1 and self.w13_layout is W13Layout.CHUNKED
 
     @property
     def weight_blocks(self) -> int:
@@ -173,6 +182,13 @@ def can_implement(config: TritonGemmConfig, problem: GroupedGemmProblem) -> tupl
         return False, f"scheduler: expected a TileScheduler, got {config.scheduler!r}"
     if config.tile_load is TileLoad.TMA and (problem.k * (torch.finfo(problem.dtype).bits // 8)) % 16:
         return False, f"tile_load TMA needs K * element size divisible by 16 bytes (K = {problem.k})"
+    if not isinstance(problem.w13_layout, W13Layout):
+        return False, f"w13_layout: expected a W13Layout, got {problem.w13_layout!r}"
+    if problem.chunked:
+        if problem.n % GATE_UP_CHUNK:
+            return False, f"w13_layout chunked needs the intermediate size ({problem.n}) a multiple of {GATE_UP_CHUNK}"
+        if config.tile_load is TileLoad.TMA and 2 * config.block_n > 256:
+            return False, f"tile_load TMA on chunked w13 loads 2 * block_n = {2 * config.block_n} rows (box limit 256)"
     smem = config.smem_bytes(problem)
     if smem > problem.smem_per_block:
         return False, f"shared memory {smem} B for {config.num_stages} stages > {problem.smem_per_block} B"
@@ -267,7 +283,7 @@ def _grouped_gemm_kernel(
     HAS_BIAS: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_E: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr, DYNAMIC: tl.constexpr,
+    DEPENDENT_LAUNCH: tl.constexpr, DYNAMIC: tl.constexpr, W13_CHUNK: tl.constexpr,
 ):
     if DEPENDENT_LAUNCH >= 1:
         # Programmatic dependent launch (sm_90+): this grid may start while the previous kernel of the
@@ -323,14 +339,22 @@ def _grouped_gemm_kernel(
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + a_row_off[:, None] + offs_k[None, :] * stride_ak
         w_base = w_ptr + expert.to(tl.int64) * stride_we
-        wg_ptrs = w_base + w_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BLOCK_K, BLOCK_N]
-        if GATED:
-            wu_ptrs = wg_ptrs + up_offset  # rows I + n
-            acc_up = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-
+        if W13_CHUNK > 0:  # GEMM1 on W13Layout.CHUNKED (the wrapper passes 0 for GATE_THEN_UP and GEMM2)
+            # W13Layout.CHUNKED: packed rows [2 * n0, 2 * n0 + 2 * BLOCK_N) hold the gate and up rows of
+            # columns [n0, n0 + BLOCK_N): one [BLOCK_K, 2 * BLOCK_N] tile, one dot, split in the epilogue
+            offs_p = n_tile * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
+            w_p = (offs_p % (2 * N)).to(tl.int64)  # wrapped, like w_n
+            wg_ptrs = w_base + w_p[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BLOCK_K, 2 * BLOCK_N]
+            acc = tl.full((BLOCK_M, 2 * BLOCK_N), 0.0, tl.float32)
+            w_row0 = expert * w_rows_per_expert + n_tile * (2 * BLOCK_N)  # in the [E * rows, K] view
+        else:
+            wg_ptrs = w_base + w_n[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BLOCK_K, BLOCK_N]
+            if GATED:
+                wu_ptrs = wg_ptrs + up_offset  # rows I + n
+                acc_up = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+            acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+            w_row0 = expert * w_rows_per_expert + n_tile * BLOCK_N  # in the [E * rows, K] view of the weights
         a_row0 = row_base + local_tile * BLOCK_M  # first row of the tile (TMA: rows past the end read 0)
-        w_row0 = expert * w_rows_per_expert + n_tile * BLOCK_N  # in the [E * rows, K] view of the weights
         for k0 in range(0, K, BLOCK_K):
             # A tile [BLOCK_M, BLOCK_K]
             if A_TMA:
@@ -346,28 +370,34 @@ def _grouped_gemm_kernel(
                     a = tl.load(a_ptrs, mask=a_row_ok[:, None] & k_ok[None, :], other=0.0)
                 else:
                     a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            # weight tiles [BLOCK_K, BLOCK_N] (gate, and up for GEMM1)
+            # weight tiles [BLOCK_K, BLOCK_N] (gate, and up for GEMM1), CHUNKED: one [BLOCK_K, 2 * BLOCK_N]
             if W_TMA:
                 wg = tl.trans(w_desc.load([w_row0, k0]))
-                if GATED:
+                if GATED and W13_CHUNK == 0:
                     wu = tl.trans(w_desc.load([w_row0 + N, k0]))
             elif EVEN_K:
                 wg = tl.load(wg_ptrs)
-                if GATED:
+                if GATED and W13_CHUNK == 0:
                     wu = tl.load(wu_ptrs)
             else:
                 k_ok = (k0 + offs_k) < K
                 wg = tl.load(wg_ptrs, mask=k_ok[:, None], other=0.0)
-                if GATED:
+                if GATED and W13_CHUNK == 0:
                     wu = tl.load(wu_ptrs, mask=k_ok[:, None], other=0.0)
             acc = tl.dot(a, wg, acc, input_precision=DOT_PRECISION)
-            if GATED:
+            if GATED and W13_CHUNK == 0:
                 acc_up = tl.dot(a, wu, acc_up, input_precision=DOT_PRECISION)
                 wu_ptrs += BLOCK_K * stride_wk
             a_ptrs += BLOCK_K * stride_ak
             wg_ptrs += BLOCK_K * stride_wk
 
         # Epilogue on fp32 accumulators.
+        if W13_CHUNK > 0:
+            # [BLOCK_M, 2 * BLOCK_N] columns (chunk, gate | up, column in chunk) -> gate and up [BLOCK_M, BLOCK_N]
+            pairs = tl.permute(tl.reshape(acc, (BLOCK_M, BLOCK_N // W13_CHUNK, 2, W13_CHUNK)), (0, 1, 3, 2))
+            acc, acc_up = tl.split(pairs)
+            acc = tl.reshape(acc, (BLOCK_M, BLOCK_N))
+            acc_up = tl.reshape(acc_up, (BLOCK_M, BLOCK_N))
         if HAS_BIAS:
             b_base = bias_ptr + expert.to(tl.int64) * stride_be
             acc += tl.load(b_base + w_n * stride_bn).to(tl.float32)[None, :]
@@ -504,7 +534,10 @@ def _launch(
     config: TritonGemmConfig | None,
     tile_heights: tuple[int, ...],
     a_rows_per_source: int = 1,
+    w13_layout: W13Layout = W13Layout.GATE_THEN_UP,
 ) -> torch.Tensor:
+    if not isinstance(w13_layout, W13Layout):
+        raise TypeError(f"w13_layout: expected a W13Layout, got {w13_layout!r}")
     w_name = "w13" if stage is GemmStage.GEMM1 else "w2"
     b_name = "b13" if stage is GemmStage.GEMM1 else "b2"
     for name, t in (("a", a), (w_name, w)):
@@ -561,11 +594,11 @@ def _launch(
     if config is None:
         # routed_rows estimate for the bucket: max_rows minus the worst-case padding (static facts only).
         problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max(0, max_rows - num_experts * 127),
-                                     a.dtype, tile_heights, num_sms, smem)
+                                     a.dtype, tile_heights, num_sms, smem, w13_layout)
         config = default_config(problem)
     else:
         problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max_rows, a.dtype, tile_heights, num_sms,
-                                     smem)
+                                     smem, w13_layout)
     if config_given is None and config.tile_load is TileLoad.TMA and not _tma_usable(a, w, a_rows is not None):
         config = dataclasses.replace(config, tile_load=TileLoad.POINTER)  # the heuristic falls back quietly
     ok, reason = can_implement(config, problem)
@@ -584,7 +617,8 @@ def _launch(
 
         if not w.is_contiguous() or w.data_ptr() % 16:
             raise ValueError(f"{w_name}: tile_load TMA needs a contiguous, 16-byte aligned tensor")
-        w_desc = TensorDescriptor.from_tensor(w.view(num_experts * w_rows, k_dim), [config.block_n, config.block_k])
+        w_box_rows = 2 * config.block_n if problem.chunked else config.block_n
+        w_desc = TensorDescriptor.from_tensor(w.view(num_experts * w_rows, k_dim), [w_box_rows, config.block_k])
         if a_rows is None:
             if a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16:
                 raise ValueError("a: tile_load TMA needs unit column stride and 16-byte aligned rows")
@@ -620,6 +654,7 @@ def _launch(
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
         DEPENDENT_LAUNCH=dependent_code, launch_pdl=dependent,
         DYNAMIC=config.scheduler is TileScheduler.DYNAMIC,
+        W13_CHUNK=GATE_UP_CHUNK if problem.chunked else 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
@@ -638,16 +673,18 @@ def triton_grouped_gemm1(
     config: TritonGemmConfig | None = None,
     tile_heights: tuple[int, ...] = DEFAULT_TILE_HEIGHTS,
     a_rows_per_source: int = 1,
+    w13_layout: W13Layout = W13Layout.GATE_THEN_UP,
 ) -> torch.Tensor:
     """GEMM1 with the fused gated activation -> [max_rows, I] in a.dtype (valid rows written).
 
     a: [max_rows, H] in the padded expert layout, or with `a_rows` ([max_rows] int32, -1 = zeros) the
     compact token matrix [T, H]: row r reads a[a_rows[r] // a_rows_per_source] (pass the dispatch's
-    sorted_slots with a_rows_per_source = top_k: no index tensor to build). w13: [E, 2I, H] (gate rows,
-    then up rows).
+    sorted_slots with a_rows_per_source = top_k: no index tensor to build). w13: [E, 2I, H] in `w13_layout`
+    (GATE_THEN_UP: gate rows, then up rows; CHUNKED: pack_gate_up_rows of that, the CuTe kernels' layout).
+    b13 [E, 2I] is always in the public gate-then-up order.
     """
     return _launch(GemmStage.GEMM1, a, w13, row_offsets, counts, tile_offsets, Activation.parse(activation),
-                   b13, None, a_rows, out, config, tile_heights, a_rows_per_source)
+                   b13, None, a_rows, out, config, tile_heights, a_rows_per_source, w13_layout)
 
 
 def triton_grouped_gemm2(

@@ -10,7 +10,7 @@ units) and combine, behind one small API:
 
 Importing moe2cta needs neither a GPU nor the CuTe DSL: kernels are imported and built when first used.
 """
-from .api import MoELayer, fused_moe, is_supported, route
+from .api import BackendPlan, MoELayer, fused_moe, is_supported, route
 from .config import Backend, IdCheck, MoEConfig
 from .grouped_gemm import Activation
 from .reference import RouterWeightOn, moe_forward_reference, moe_reference
@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Activation",
     "Backend",
+    "BackendPlan",
     "IdCheck",
     "MoEConfig",
     "MoELayer",

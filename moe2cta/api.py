@@ -14,9 +14,11 @@ Backends (moe2cta.config.Backend):
   TRITON_INTERPRET=1 set and backend chosen explicitly (tests).
 - CUTE: Triton router + the CuTe DSL grouped GEMMs (sm90_grouped_gemm on sm_90, sm100_grouped_gemm on
   sm_100) on w13 prepacked once (MoELayer) for the fused activation.
-- AUTO: TRITON if supported, else CUTE, else TORCH; each step down is explained in
-  `MoELayer.backend_reason`. An explicitly requested backend that cannot run the problem raises ValueError
-  with is_supported's reason.
+- AUTO: on sm_90 with both GPU backends supported, a BackendPlan: TRITON for batches of at most
+  AUTO_DECODE_MAX_ROWS_PER_EXPERT routed rows per expert (T * k / E_g), CUTE above, both reading one packed
+  copy of w13 (W13Layout.CHUNKED). Elsewhere TRITON if supported, else CUTE, else TORCH. Each step down is
+  explained in `MoELayer.backend_reason`. An explicitly requested backend that cannot run the problem raises
+  ValueError with is_supported's reason.
 
 Hot path: for TRITON / CUTE on CUDA, fused_moe and MoELayer.__call__ do no host sync: validation reads
 shapes, dtypes and devices only (IdCheck.AUTO skips the value range check of topk_ids there), and every
@@ -32,8 +34,10 @@ hidden or the weights propagate through the arithmetic like in any matmul.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
+import math
 import os
 
 import torch
@@ -41,6 +45,7 @@ import torch
 from . import tuning
 from .config import Backend, IdCheck, MoEConfig
 from .grouped_gemm import Activation, GemmStage
+from .grouped_gemm.epilogue import W13Layout, pack_gate_up_rows
 from .reference import RouterWeightOn, moe_forward_reference
 from .router import RoutingConfig, Scoring
 from .router.reference import route_reference
@@ -53,7 +58,7 @@ from .validation import (
     validate_moe,
 )
 
-__all__ = ["route", "fused_moe", "is_supported", "MoELayer"]
+__all__ = ["route", "fused_moe", "is_supported", "MoELayer", "BackendPlan", "AUTO_DECODE_MAX_ROWS_PER_EXPERT"]
 
 # Limits of the Triton router kernels, used when router/routing_triton.py does not state its own.
 TRITON_ROUTER_MAX_EXPERTS = 512
@@ -63,6 +68,40 @@ TRITON_ROUTER_MAX_TOP_K = 16
 CUTE_DIM_MULTIPLE = 64
 CUTE_ALIGN_MULTIPLE = 128
 CUTE_ARCH_MODULES = {(9, 0): "sm90_grouped_gemm", (10, 0): "sm100_grouped_gemm"}
+# AUTO on sm_90: batches with at most this many routed rows per expert (T * top_k / E_g) run TRITON, larger
+# ones CUTE. Above it the sm90 family schedules its 128-row tiles DYNAMIC with the GROUPED_M raster (several
+# m-blocks per expert share each weight tile in L2), where its GEMMs beat Triton's; at or below it (about one
+# m-block per expert) the two GEMMs are within a few percent and CUTE pays a gathered copy of A that Triton
+# reads in place. Layer runs on the H200 (serving_bench/results/layer-h200-2026-11-29-v8.md, 40 cells): a
+# split at 32 / 64 / 128 / 256 rows gives prefill geomeans 1.436 / 1.440 / 1.443 / 1.443 (TRITON alone 1.478,
+# differences within the run-to-run spread) and decode 1.100 / 1.100 / 1.097 / 1.097: 128 keeps every decode
+# cell (T <= 512) on TRITON.
+AUTO_DECODE_MAX_ROWS_PER_EXPERT = 128
+# Where AUTO splits by batch size: the CuTe family and the device kinds on which the split was measured.
+AUTO_SPLIT_CAPABILITIES = ((9, 0),)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendPlan:
+    """Which backend runs a batch of a layer: `decode` for batches of at most `decode_max_rows_per_expert`
+    routed rows per expert (T * top_k / E_g, a host-side count: no sync), `prefill` above. One backend for
+    every batch: decode == prefill (decode_max_rows_per_expert is then infinite)."""
+
+    decode: Backend
+    prefill: Backend
+    decode_max_rows_per_expert: float = math.inf
+
+    @classmethod
+    def single(cls, backend: Backend) -> "BackendPlan":
+        return cls(backend, backend)
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        return (self.decode,) if self.decode is self.prefill else (self.decode, self.prefill)
+
+    def for_batch(self, num_tokens: int, top_k: int, num_global_experts: int) -> Backend:
+        rows_per_expert = num_tokens * top_k / max(1, num_global_experts)
+        return self.decode if rows_per_expert <= self.decode_max_rows_per_expert else self.prefill
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -201,29 +240,38 @@ def _cute_family_support(module, dtype, hidden, intermediate, num_experts, confi
     return True, ""
 
 
-def _select_backend(requested: Backend, **facts) -> tuple[Backend, str]:
-    """Resolve AUTO (TRITON -> CUTE -> TORCH) and explain; an explicit unsupported backend raises ValueError.
+def _select_backend(requested: Backend, **facts) -> tuple[BackendPlan, str]:
+    """Resolve AUTO and explain; an explicit unsupported backend raises ValueError.
 
-    TRITON comes first because it is the faster full layer on the H200 at decode sizes, where serving spends
-    most steps (serving_bench/results/layer-h200-2026-11-29-v7.md, 5 models x 8 token counts: decode geomean
-    1.10x of the floor against CUTE's 1.15x). CUTE is faster at prefill (1.46x against 1.52x), but a layer
-    picks its backend once: prefill-heavy callers request CUTE explicitly.
+    AUTO on sm_90 with both GPU backends supported: TRITON up to AUTO_DECODE_MAX_ROWS_PER_EXPERT rows per
+    expert, CUTE above (measured there, see the constant). Elsewhere TRITON -> CUTE -> TORCH, the first that
+    runs the layer: TRITON first because it is the faster layer at decode sizes, where serving spends most
+    steps, and sm_100 CuTe kernels have not been measured on a GPU.
     """
     if requested is not Backend.AUTO:
         ok, reason = _layer_support(requested, **facts)
         if not ok:
             raise ValueError(f"backend: {requested.value} cannot run this layer: {reason}")
-        return requested, f"{requested.value}: requested"
+        return BackendPlan.single(requested), f"{requested.value}: requested"
     skipped = []
+    supported = []
     for candidate in (Backend.TRITON, Backend.CUTE):
         if candidate is Backend.TRITON and facts["device"].type != "cuda":
             skipped.append(f"triton: needs a CUDA device, tensors are on {facts['device']}")
             continue
         ok, reason = _layer_support(candidate, **facts)
         if ok:
-            return candidate, "; ".join(skipped + [f"auto -> {candidate.value}"])
-        skipped.append(reason)
-    return Backend.TORCH, "; ".join(skipped + ["auto -> torch"])
+            supported.append(candidate)
+        else:
+            skipped.append(reason)
+    if supported == [Backend.TRITON, Backend.CUTE] and (
+            torch.cuda.get_device_capability(facts["device"]) in AUTO_SPLIT_CAPABILITIES):
+        plan = BackendPlan(Backend.TRITON, Backend.CUTE, AUTO_DECODE_MAX_ROWS_PER_EXPERT)
+        return plan, (f"auto -> triton up to {AUTO_DECODE_MAX_ROWS_PER_EXPERT} rows per expert (T * top_k / E), "
+                      "cute above; both on one packed w13")
+    if supported:
+        return BackendPlan.single(supported[0]), "; ".join(skipped + [f"auto -> {supported[0].value}"])
+    return BackendPlan.single(Backend.TORCH), "; ".join(skipped + ["auto -> torch"])
 
 
 def is_supported(
@@ -264,7 +312,7 @@ def is_supported(
         config=config,
     )
     if backend is Backend.AUTO:
-        chosen, reason = _select_backend(Backend.AUTO, **facts)
+        _, reason = _select_backend(Backend.AUTO, **facts)
         return True, reason
     return _layer_support(backend, **facts)
 
@@ -370,9 +418,13 @@ def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         a = hidden
         a_rows = disp.sorted_slots
     heights = tuple(disp.tile_heights)
+    # A layer that also runs CUTE holds w13 packed once (W13Layout.CHUNKED) and the Triton kernel reads that.
+    packed = layer.prepared.get("packed_w13")
+    w13, layout = (layer.w13, W13Layout.GATE_THEN_UP) if packed is None else (packed, W13Layout.CHUNKED)
     a2 = gemm.triton_grouped_gemm1(
-        a, layer.w13, disp.row_offsets, disp.counts, disp.tile_offsets, config.activation,
+        a, w13, disp.row_offsets, disp.counts, disp.tile_offsets, config.activation,
         b13=layer.b13, a_rows=a_rows, tile_heights=heights, a_rows_per_source=top_k if a_rows is not None else 1,
+        w13_layout=layout,
     )
     y = gemm.triton_grouped_gemm2(
         a2, layer.w2, disp.row_offsets, disp.counts, disp.tile_offsets, b2=layer.b2, tile_heights=heights
@@ -381,14 +433,11 @@ def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
 
 
 def _prepare_cute(layer: "MoELayer") -> dict:
-    """Prepack w13 (gate / up interleaved in row chunks, for the fused activation) once at load; the public
-    w13 is kept as given. b13 stays public: the family packs it per call (a few KB)."""
+    """Pack w13 (W13Layout.CHUNKED, for the fused activation) once at load; the caller's w13 is kept as given.
+    b13 stays public: the CuTe family packs it per call (a few KB), the Triton kernel reads it as is."""
     capability = torch.cuda.get_device_capability(layer.w13.device)
     module = _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")[0]
-    prepack = getattr(module, "prepack_w13", None)
-    if prepack is None:  # one packed format for both families (gate / up chunks of 8 rows)
-        prepack = _optional_module("grouped_gemm.sm90_grouped_gemm")[0].prepack_w13
-    return {"module": module, "packed_w13": prepack(layer.w13)}
+    return {"module": module, "packed_w13": pack_gate_up_rows(layer.w13)}
 
 
 def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
@@ -448,7 +497,9 @@ class MoELayer:
     w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], optional biases b13 [E, 2I], b2 [E, H],
     e_score_correction_bias [E_g] (DeepSeek-V3 routing), expert_map [E_g] (global -> local id or -1).
     routing may be None when the layer is only ever called with precomputed (topk_weights, topk_ids).
-    `backend` is the backend that runs; `backend_reason` says why (the AUTO fallbacks, each with its reason).
+    `plan` says which backend runs a batch (`backend_for(num_tokens)`); `backend` is the one of decode-sized
+    batches and `prefill_backend` that of larger ones (the same unless AUTO split them); `backend_reason` says
+    why (the AUTO fallbacks, each with its reason).
     """
 
     def __init__(
@@ -492,7 +543,7 @@ class MoELayer:
             num_experts, intermediate, hidden, num_global
         )
         self.id_check = IdCheck.parse(id_check)
-        self.backend, self.backend_reason = _select_backend(
+        self.plan, self.backend_reason = _select_backend(
             Backend.parse(backend),
             dtype=w13.dtype,
             device=w13.device,
@@ -508,12 +559,31 @@ class MoELayer:
             self.tuning_cache = tuning.TuningCache(tuning_cache)
         else:
             raise TypeError(f"tuning_cache: expected a TuningCache, a path or None, got {type(tuning_cache).__name__}")
-        self.prepared = _prepare_cute(self) if self.backend is Backend.CUTE else {}
+        self.prepared = _prepare_cute(self) if Backend.CUTE in self.plan.backends else {}
+
+    @property
+    def backend(self) -> Backend:
+        """The backend of decode-sized batches (of every batch unless AUTO split them: see `plan`)."""
+        return self.plan.decode
+
+    @property
+    def prefill_backend(self) -> Backend:
+        """The backend of batches above plan.decode_max_rows_per_expert routed rows per expert."""
+        return self.plan.prefill
+
+    def backend_for(self, num_tokens: int, top_k: int | None = None) -> Backend:
+        """The backend that runs a batch of num_tokens tokens (top_k: the routing's, unless given)."""
+        if top_k is None:
+            if self.config.top_k is None:
+                raise ValueError("top_k: this layer has no routing, pass the top_k of the batch")
+            top_k = self.config.top_k
+        return self.plan.for_batch(num_tokens, top_k, self.num_global_experts)
 
     def __repr__(self) -> str:
+        backends = "/".join(b.value for b in self.plan.backends)
         return (
             f"MoELayer(E={self.num_experts}, H={self.hidden_size}, I={self.intermediate}, dtype={self.w13.dtype}, "
-            f"backend={self.backend.value}, reason={self.backend_reason!r})"
+            f"backend={backends}, reason={self.backend_reason!r})"
         )
 
     def _resolved_id_check(self) -> IdCheck:
@@ -544,7 +614,8 @@ class MoELayer:
         topk_ids = topk_ids.to(torch.int32).contiguous()
         if disp is None and self.backend is not Backend.TORCH:
             disp = _dispatch_gpu(self, topk_ids)
-        return _FORWARD[self.backend](self, hidden, topk_weights, topk_ids, disp)
+        backend = self.plan.for_batch(hidden.shape[0], topk_ids.shape[1], self.num_global_experts)
+        return _FORWARD[backend](self, hidden, topk_weights, topk_ids, disp)
 
     forward = __call__
 
@@ -595,8 +666,8 @@ def fused_moe(
     """One MoE forward: out[t] = sum_j w[t, j] * expert_{ids[t, j]}(hidden[t]) -> [T, H] in hidden's dtype.
 
     Pass router_logits [T, E_g] with routing, or precomputed topk_weights / topk_ids [T, k]. Arguments as in
-    MoELayer. fused_moe prepares the weights on every call (CUTE prepacks w13): build a MoELayer once to
-    serve.
+    MoELayer. fused_moe prepares the weights on every call (CUTE packs w13): build a MoELayer once to serve.
+    AUTO runs the backend its plan picks for this batch and prepares only that one's weights.
     """
     # Shape / dtype / device checks first, so a bad input is reported as such before any backend choice.
     validate_moe(
@@ -613,6 +684,15 @@ def fused_moe(
         expert_map=expert_map,
         id_check=IdCheck.SKIP,
     )
+    if Backend.parse(backend) is Backend.AUTO:
+        config = MoEConfig(routing, activation, router_weight_on, align)
+        num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map)
+        plan, _ = _select_backend(
+            Backend.AUTO, dtype=w13.dtype, device=w13.device, hidden=hidden_size, intermediate=intermediate,
+            num_experts=num_experts, num_global_experts=num_global, config=config,
+        )
+        top_k = topk_ids.shape[1] if topk_ids is not None else routing.top_k
+        backend = plan.for_batch(hidden.shape[0], top_k, num_global)
     layer = MoELayer(
         w13,
         w2,

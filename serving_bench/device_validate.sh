@@ -10,7 +10,7 @@
 set -uo pipefail
 out=${OUT:-/tmp/moe2cta-validate}
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/moe2cta-site .whl/moe2cta-*.whl || exit 1
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/moe2cta-site .whl/moe2cta-*.whl || exit 1
 # shellcheck disable=SC1091
 source .bundle/rt/activate.sh
 export PYTHONPATH=/tmp/moe2cta-site:$PYTHONPATH PYTHONUNBUFFERED=1
@@ -77,6 +77,9 @@ ridge)  # cells where weight streaming and the MMA rate both bind: 128-deep K st
         --models mixtral-8x7b qwen3-30b-a3b deepseek-v3 gpt-oss-120b --out "$out/ridge.json" ;;
 triton-tests)
     step triton-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_triton_gemm.py" ;;
+memcheck-triton)  # compute-sanitizer memcheck on the Triton GEMM GPU tests with TMA loads (both w13 layouts, N tails)
+    step memcheck-triton 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu \
+        -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_triton_gemm.py" -k "tma_tile_load_gpu or activations_bias" ;;
 sm90-tests)
     step sm90-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_sm90_gpu.py" ;;
 router-tests)
@@ -87,7 +90,8 @@ router-variants)
         --profile --out "$out/router-v3" ;;
 layer-full)  # the full grid (5 models x T in 1..32768), one invocation per model so partial results survive
     for m in ${LAYER_MODELS:-mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b}; do
-        TAIL=3 step "layer-$m" 110 python3 -m moe2cta.serving_bench --models "$m" --full --backends triton,cute,grouped-mm \
+        TAIL=3 step "layer-$m" 170 python3 -m moe2cta.serving_bench --models "$m" --full \
+            --backends "${LAYER_BACKENDS:-auto,triton,cute,grouped-mm}" \
             --time-per-case 0.05 --out "$out/layer-$m" --progress off --no-plots
     done ;;
 layer-decode)  # decode cells of the three models with the smallest floors at T=1
@@ -103,17 +107,24 @@ prefill-gemm)  # prefill-size GEMMs of every model: CuTe bundles side by side (E
     # the Triton default and dense cuBLAS on the same total shape
     base=(); for b in ${EXTRA_BUNDLES:-}; do base+=(--bundle "${b%%=*}=$repo/${b#*=}"); done
     # shellcheck disable=SC2086
-    step prefill-gemm 400 python3 -m moe2cta.serving_bench.prefill_gemm_bench "${base[@]}" --bundle "new=$kdir" \
-        --tokens ${PREFILL_TOKENS:-2048 8192} --variants ${PREFILL_VARIANTS:-default} \
-        ${PREFILL_MODELS:+--models $PREFILL_MODELS} --json "$out/prefill-gemm.json" ;;
+    step "prefill-gemm${PREFILL_SUFFIX:-}" 400 python3 -m moe2cta.serving_bench.prefill_gemm_bench "${base[@]}" --bundle "new=$kdir" \
+        --tokens ${PREFILL_TOKENS:-2048 8192} --variants ${PREFILL_VARIANTS:-default} --routing ${PREFILL_ROUTING:-random} \
+        --padding ${PREFILL_PADDING:-random} \
+        ${PREFILL_MODELS:+--models $PREFILL_MODELS} --json "$out/prefill-gemm${PREFILL_SUFFIX:-}.json" ;;
 prefill-ncu)  # Nsight Compute: time, DRAM bytes, L2 hit rate, SM clock of the CuTe (NCU_VARIANTS) and Triton GEMMs
     for cell in ${NCU_CELLS:-qwen3-235b-a22b:8192 deepseek-v3:8192}; do
         # shellcheck disable=SC2086
-        step "ncu-${cell/:/-}" 150 ncu --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
+        step "ncu-${cell/:/-}${PREFILL_SUFFIX:-}" 150 ncu --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
 dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second \
             --kernel-name regex:"cute_backend|_grouped_gemm_kernel" \
             python3 -m moe2cta.serving_bench.prefill_gemm_bench --profile --bundle "new=$kdir" \
-            --models "${cell%%:*}" --tokens "${cell##*:}" --variants ${NCU_VARIANTS:-default}
+            --models "${cell%%:*}" --tokens "${cell##*:}" --variants ${NCU_VARIANTS:-default} \
+            --routing ${PREFILL_ROUTING:-random} --padding ${PREFILL_PADDING:-random}
+    done ;;
+layer-profile)  # kernel times of one layer forward per backend (PROFILE_CELLS="model:T ...")
+    for cell in ${PROFILE_CELLS:-deepseek-v3:8192 qwen3-30b-a3b:2048}; do
+        step "profile-${cell/:/-}" 120 python3 -m moe2cta.serving_bench.layer_profile --model "${cell%%:*}" \
+            --tokens "${cell##*:}" --backends ${PROFILE_BACKENDS:-triton cute} --json "$out/profile-${cell/:/-}.json"
     done ;;
 layer-prefill)  # prefill cells of every model, cute beside triton
     step layer-prefill 240 python3 -m moe2cta.serving_bench --models mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b \

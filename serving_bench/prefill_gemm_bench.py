@@ -4,7 +4,9 @@ For each model and token count: GEMM1 (fused gated activation) and GEMM2 (row sc
 from one or more kernel bundles (labelled, e.g. a baseline bundle and a changed one; `--variants` picks
 configurations), the Triton default configuration (and its tiles scheduled STATIC where the default is
 DYNAMIC), and one dense cuBLAS matmul with the same total shape ([valid rows, K] x [K, N]: the practical
-ceiling a grouped GEMM cannot beat). Routing: every token picks top_k distinct experts uniformly.
+ceiling a grouped GEMM cannot beat). Routing (`--routing`): `random`, every token picks top_k distinct
+experts uniformly; `model`, the model's own router on i.i.d. N(0,1) logits (the layer benchmark's `uniform`
+cells: group-limited routers such as DeepSeek-V3's load some experts twice the mean).
 Timing (METHOD.md): one CUDA graph per candidate holding 4 calls over 4 rotated input copies; the graphs
 are replayed in 15 interleaved rounds (clocks drift with temperature and power during a run; interleaving
 gives every candidate the same conditions) and each reports its median. Every grouped result is compared
@@ -26,9 +28,20 @@ import torch
 
 from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
 from moe2cta.grouped_gemm import triton_grouped_gemm as tg
+from moe2cta.grouped_gemm.epilogue import W13Layout
 from moe2cta.grouped_gemm.reference import grouped_gemm1_reference, grouped_gemm2_reference
 from moe2cta.presets import get_preset
-from moe2cta.serving_bench.hopper_gemm_bench import ALIGN, Watchdog, make_counts, padded_layout, time_interleaved
+from moe2cta.router import Scoring
+from moe2cta.router.reference import route_reference
+from moe2cta.serving_bench.distributions import make_correction_bias
+from moe2cta.serving_bench.hopper_gemm_bench import (
+    ALIGN,
+    Watchdog,
+    make_counts,
+    padded_layout,
+    time_interleaved,
+    valid_row_mask,
+)
 
 COPIES = 4
 ROUNDS = 15
@@ -91,11 +104,26 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants=("default",)) -> list[dict]:
+def routed_counts(routing: str, preset, tokens: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows per expert (int32 [E], CPU) of one batch: `random` (top_k distinct experts per token, uniform) or
+    `model` (the preset's router, with a DeepSeek-style correction bias where it has one, on N(0,1) logits)."""
+    if routing == "random":
+        return make_counts("random", tokens, preset.top_k, preset.num_experts, gen)
+    logits = torch.randn(tokens, preset.num_experts, generator=gen)
+    bias = None
+    if preset.routing.scoring is Scoring.SIGMOID_GROUPED:
+        bias = make_correction_bias(preset.num_experts, seed=int(torch.randint(1 << 30, (1,), generator=gen)),
+                                    device="cpu")
+    _, ids = route_reference(logits, preset.routing, bias)
+    return torch.bincount(ids.flatten().long(), minlength=preset.num_experts).to(torch.int32)
+
+
+def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants=("default",),
+             routing: str = "random", padding: str = "random") -> list[dict]:
     dev = torch.device("cuda")
     e, h, i, k = preset.num_experts, preset.hidden, preset.intermediate, preset.top_k
     w13, w13_packed, w2, b13, b2 = weights
-    counts = make_counts("random", tokens, k, e, gen)
+    counts = routed_counts(routing, preset, tokens, gen)
     max_rows = tokens * k + e * (ALIGN - 1)
     ro = padded_layout(counts, max_rows)
     rows = int(counts.sum())
@@ -107,6 +135,14 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
     ro_d, cn_d = ro.to(dev), counts.to(dev)
     a1 = [torch.randn(max_rows, h, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
     a2 = [torch.randn(max_rows, i, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
+    if padding != "random":
+        pad = ~valid_row_mask(ro, counts, max_rows).to(dev)
+        for x in a1 + a2:
+            if padding == "zero":
+                x[pad] = 0
+            else:  # "bits": uniformly random 16-bit patterns (what uninitialized memory may hold)
+                x[pad] = torch.randint(-32768, 32768, (int(pad.sum()), x.shape[1]), device=dev,
+                                       dtype=torch.int16).view(torch.bfloat16)
     rs = torch.rand(max_rows, device=dev)
     o1 = torch.empty(max_rows, i, device=dev, dtype=torch.bfloat16)
     o2 = torch.empty(max_rows, h, device=dev, dtype=torch.bfloat16)
@@ -152,6 +188,10 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
             (label, "gemm2", lambda c, t2=t2: tg.triton_grouped_gemm2(a2[c], w2, ro_d, cn_d, tile_offsets,
                                                                       row_scale=rs, b2=b2, out=o2, config=t2)),
         ]
+    # the Triton default on the packed w13 (W13Layout.CHUNKED: what a layer that also runs CuTe feeds it)
+    candidates.append(("triton-chunked", "gemm1", lambda c: tg.triton_grouped_gemm1(
+        a1[c], w13_packed, ro_d, cn_d, tile_offsets, preset.activation, b13=b13, out=o1, config=tcfg1,
+        w13_layout=W13Layout.CHUNKED)))
     dense_w1, dense_w2 = w13[0].t(), w2[0].t()  # [H, 2I], [I, H]
     d1 = torch.empty(rows, 2 * i, device=dev, dtype=torch.bfloat16)
     d2 = torch.empty(rows, h, device=dev, dtype=torch.bfloat16)
@@ -184,7 +224,8 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
         n, kk = (2 * i, h) if gemm == "gemm1" else (h, i)
         err = errors.get((label, gemm))
         flops = 2.0 * rows * n * kk
-        r = {"model": preset.name, "tokens": tokens, "gemm": gemm, "backend": label, "rows": rows,
+        r = {"model": preset.name, "tokens": tokens, "routing": routing, "padding": padding, "busiest": int(counts.max()) * e / rows,
+             "gemm": gemm, "backend": label, "rows": rows,
              "padded_rows": padded_rows, "ms": ms, "tflops": flops / ms / 1e9, "err": err,
              "ok": err is None or err < 1e-2}
         results.append(r)
@@ -200,6 +241,11 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=["qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
                                                         "gpt-oss-120b", "mixtral-8x7b"])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
+    parser.add_argument("--routing", choices=["random", "model"], default="random",
+                        help="random: top_k distinct experts per token, uniform; model: the model's own router")
+    parser.add_argument("--padding", choices=["random", "zero", "bits"], default="random",
+                        help="content of the padding rows of A: N(0,1) values (default), zeros (what the Triton "
+                             "layer path multiplies) or random bit patterns (uninitialized memory)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", action="store_true", help="one eager call per kernel, no timing (for ncu)")
     parser.add_argument("--watchdog", type=float, default=60.0)
@@ -224,7 +270,8 @@ def main(argv=None) -> int:
         preset = get_preset(name)
         weights = _weights(preset, torch.device("cuda"), 5)
         for tokens in args.tokens:
-            results += run_cell(preset, tokens, bundles, weights, dog, args.profile, gen, args.variants)
+            results += run_cell(preset, tokens, bundles, weights, dog, args.profile, gen, args.variants, args.routing,
+                                args.padding)
         del weights
         torch.cuda.empty_cache()
     if args.json:

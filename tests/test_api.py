@@ -239,6 +239,91 @@ def test_auto_never_picks_the_interpreter(monkeypatch):
     assert moe.backend is Backend.TORCH
 
 
+def test_backend_plan_for_batch():
+    plan = moe2cta.BackendPlan(Backend.TRITON, Backend.CUTE, 128)
+    assert plan.backends == (Backend.TRITON, Backend.CUTE)
+    assert plan.for_batch(0, 8, 128) is Backend.TRITON
+    assert plan.for_batch(2048, 8, 128) is Backend.TRITON  # 128 rows per expert: still decode-sized
+    assert plan.for_batch(2049, 8, 128) is Backend.CUTE
+    single = moe2cta.BackendPlan.single(Backend.TRITON)
+    assert single.backends == (Backend.TRITON,) and single.for_batch(10**6, 8, 1) is Backend.TRITON
+
+
+@pytest.mark.parametrize("capability,split", [((9, 0), True), ((10, 0), False)])
+def test_auto_splits_by_batch_size_where_measured(monkeypatch, capability, split):
+    """AUTO with both GPU backends supported: the TRITON / CUTE split on sm_90 only (measured there); TRITON
+    alone elsewhere; one supported backend: that one."""
+    import moe2cta.api as api
+
+    supported = {Backend.TRITON: True, Backend.CUTE: True}
+    monkeypatch.setattr(api, "_layer_support", lambda backend, **facts: (supported[backend], f"{backend.value}: off"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    facts = dict(dtype=torch.bfloat16, device=torch.device("cuda", 0), hidden=256, intermediate=128,
+                 num_experts=16, num_global_experts=16, config=MoEConfig(RoutingConfig(top_k=4)))
+    plan, reason = api._select_backend(Backend.AUTO, **facts)
+    if split:
+        assert plan == moe2cta.BackendPlan(Backend.TRITON, Backend.CUTE, api.AUTO_DECODE_MAX_ROWS_PER_EXPERT)
+        assert "cute above" in reason
+    else:
+        assert plan == moe2cta.BackendPlan.single(Backend.TRITON) and reason == "auto -> triton"
+    supported[Backend.TRITON] = False
+    plan, reason = api._select_backend(Backend.AUTO, **facts)
+    assert plan == moe2cta.BackendPlan.single(Backend.CUTE) and reason == "triton: off; auto -> cute"
+    plan, reason = api._select_backend(Backend.CUTE, **facts)
+    assert plan.backends == (Backend.CUTE,) and reason == "cute: requested"
+    supported[Backend.CUTE] = False
+    with pytest.raises(ValueError, match="^backend: cute cannot run this layer: cute: off"):
+        api._select_backend(Backend.CUTE, **facts)
+
+
+_SPLIT_SCRIPT = textwrap.dedent(
+    """
+    import torch, moe2cta
+    import moe2cta.api as api
+    from moe2cta import Backend, RoutingConfig
+    from moe2cta.grouped_gemm.epilogue import pack_gate_up_rows
+    # A split layer (TRITON up to 32 rows per expert, CUTE above) on the CPU: the Triton kernel runs in the
+    # interpreter on the packed w13; the CUTE forward is a recording stand-in (no CuTe on a CPU).
+    calls = []
+    api._select_backend = lambda requested, **facts: (api.BackendPlan(Backend.TRITON, Backend.CUTE, 32), "split")
+    api._prepare_cute = lambda layer: {"module": None, "packed_w13": pack_gate_up_rows(layer.w13)}
+    api._FORWARD[Backend.CUTE] = lambda layer, hidden, w, i, disp: calls.append(hidden.shape[0]) or hidden * 0
+    torch.manual_seed(1)
+    H, I, E, k = 64, 48, 4, 2
+    w13 = torch.randn(E, 2 * I, H) / H ** 0.5
+    w2 = torch.randn(E, H, I) / I ** 0.5
+    b13, b2 = torch.randn(E, 2 * I) * 0.1, torch.randn(E, H) * 0.1
+    layer = moe2cta.MoELayer(w13, w2, routing=RoutingConfig(top_k=k), b13=b13, b2=b2, align=16)
+    assert layer.backend is Backend.TRITON and layer.prefill_backend is Backend.CUTE
+    assert "backend=triton/cute" in repr(layer)
+    packed = layer.prepared["packed_w13"]
+    assert not torch.equal(packed, w13) and torch.equal(layer.w13, w13)
+    for T in (1, 9, 64):  # 64 tokens * 2 / 4 experts = 32 rows per expert: the last decode size
+        assert layer.backend_for(T) is Backend.TRITON
+        h, logits = torch.randn(T, H), torch.randn(T, E)
+        out = layer(h, logits)
+        w, i = moe2cta.route(logits, layer.config.routing, backend="torch")
+        ref = moe2cta.moe_reference(h, w13, w2, w, i, b13=b13, b2=b2, dtype=torch.float64)
+        err = (out.double() - ref).abs().max().item() / ref.abs().max().item()
+        assert err < 1e-5, (T, err)
+    assert calls == []
+    assert layer.backend_for(65) is Backend.CUTE
+    layer(torch.randn(65, H), torch.randn(65, E))
+    assert calls == [65]
+    print("SPLIT-OK")
+    """
+)
+
+
+def test_split_layer_runs_triton_on_the_packed_w13_under_interpreter():
+    if importlib.util.find_spec("moe2cta.grouped_gemm.triton_grouped_gemm") is None:
+        pytest.skip("missing module moe2cta.grouped_gemm.triton_grouped_gemm")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-c", _SPLIT_SCRIPT], capture_output=True, text=True, env=env,
+                            timeout=300, cwd=REPO)
+    assert result.returncode == 0 and "SPLIT-OK" in result.stdout, (result.stdout[-2000:], result.stderr[-4000:])
+
+
 # ----------------------------------------------------------------------------------------------------------
 # CLI
 
@@ -368,9 +453,28 @@ def test_gpu_backend_matches_reference(backend, num_tokens):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("backend", ["triton", "cute"])
-def test_gpu_hot_path_has_no_host_sync_and_replays_in_a_graph(backend):
-    layer = make(64, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=21)
+def test_gpu_auto_splits_on_sm90():
+    """On sm_90 with the CuTe kernels available, AUTO runs TRITON (on the packed w13) for decode-sized batches
+    and CUTE above; test_gpu_backend_matches_reference checks both sides' results."""
+    layer = make(8, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=22)
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the split is measured on sm_90 only")
+    ok, reason = is_supported("cute", layer["hidden"], layer["w13"], layer["w2"], routing=RoutingConfig(top_k=4))
+    if not ok:
+        pytest.skip(reason)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=RoutingConfig(top_k=4))
+    assert (moe.backend, moe.prefill_backend) == (Backend.TRITON, Backend.CUTE), moe.backend_reason
+    limit = moe2cta.api.AUTO_DECODE_MAX_ROWS_PER_EXPERT * 16 // 4  # tokens at the limit (16 experts, top 4)
+    assert moe.backend_for(limit) is Backend.TRITON and moe.backend_for(limit + 1) is Backend.CUTE
+    assert "packed_w13" in moe.prepared
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("backend,num_tokens", [("triton", 64), ("cute", 64), ("auto", 64), ("auto", 1024)])
+def test_gpu_hot_path_has_no_host_sync_and_replays_in_a_graph(backend, num_tokens):
+    """auto: 64 tokens (16 rows per expert) run TRITON, 1024 (256 rows per expert) CUTE where AUTO splits."""
+    layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=21)
     routing = RoutingConfig(top_k=4)
     ok, reason = is_supported(backend, layer["hidden"], layer["w13"], layer["w2"], routing=routing)
     if not ok:

@@ -457,3 +457,41 @@ def test_prefill_bench_rejects_an_unknown_variant(capsys):
         pgb.main(["--variants", "no-such-variant"])
     err = capsys.readouterr().err
     assert "--variants" in err and "no-such-variant" in err
+
+
+def test_prefill_bench_routed_counts():
+    """`random`: top_k distinct experts per token; `model`: the preset's own router (DeepSeek-V3's group-limited
+    router with a correction bias loads its busiest expert well above the mean). Both sum to T * top_k."""
+    from moe2cta.serving_bench import prefill_gemm_bench as pgb
+
+    gen = torch.Generator().manual_seed(3)
+    for name in ("deepseek-v3", "qwen3-30b-a3b"):
+        preset = PRESETS[name]
+        for routing in ("random", "model"):
+            counts = pgb.routed_counts(routing, preset, 512, gen)
+            assert counts.dtype == torch.int32 and counts.shape == (preset.num_experts,)
+            assert int(counts.sum()) == 512 * preset.top_k
+    deepseek = PRESETS["deepseek-v3"]
+    counts = pgb.routed_counts("model", deepseek, 2048, gen)
+    assert int(counts.max()) > 1.5 * 2048 * deepseek.top_k / deepseek.num_experts
+
+
+def test_prefill_bench_rejects_an_unknown_padding_or_routing(capsys):
+    from moe2cta.serving_bench import prefill_gemm_bench as pgb
+
+    for flag in ("--padding", "--routing"):
+        with pytest.raises(SystemExit):
+            pgb.main([flag, "nope"])
+        assert flag in capsys.readouterr().err
+
+
+def test_layer_profile_arguments(capsys):
+    """The layer profiler names a bad argument; without a GPU it says so and returns 2."""
+    from moe2cta.serving_bench import layer_profile
+
+    with pytest.raises(SystemExit):
+        layer_profile.main(["--model", "qwen3-30b-a3b", "--tokens", "8", "--backends", "nope"])
+    assert "--backends" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert layer_profile.main(["--model", "qwen3-30b-a3b", "--tokens", "8"]) == 2
+        assert "CUDA" in capsys.readouterr().err

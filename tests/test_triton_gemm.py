@@ -18,6 +18,7 @@ import triton
 import torch
 
 from moe2cta.grouped_gemm import Activation, GemmStage, grouped_gemm1_reference, grouped_gemm2_reference
+from moe2cta.grouped_gemm.epilogue import W13Layout, pack_gate_up_rows, unpack_gate_up_rows
 from moe2cta.grouped_gemm import triton_grouped_gemm as tg
 from moe2cta.grouped_gemm.triton_grouped_gemm import (
     DEFAULT_TILE_HEIGHTS,
@@ -117,17 +118,20 @@ def interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def run_gemm1(disp, hidden, w13, top_k, activation, b13=None, use_a_rows=False, config=None):
+def run_gemm1(disp, hidden, w13, top_k, activation, b13=None, use_a_rows=False, config=None,
+              w13_layout=W13Layout.GATE_THEN_UP):
+    """The kernel on w13 (public layout; CHUNKED: packed here first) and the references on the public w13."""
     a1 = gathered(hidden, disp["sorted_slots"], top_k)
-    kwargs = dict(activation=activation, b13=b13, config=config)
+    kernel_w13 = pack_gate_up_rows(w13) if w13_layout is W13Layout.CHUNKED else w13
+    kwargs = dict(activation=activation, b13=b13, config=config, w13_layout=w13_layout)
     poison = torch.full((disp["max_rows"], w13.shape[1] // 2), float("nan"), dtype=hidden.dtype,
                         device=hidden.device)
     if use_a_rows:
         a_rows = torch.where(disp["sorted_slots"] >= 0, disp["sorted_slots"] // top_k, -1).to(torch.int32)
-        out = triton_grouped_gemm1(hidden, w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"],
+        out = triton_grouped_gemm1(hidden, kernel_w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"],
                                    a_rows=a_rows, out=poison, **kwargs)
     else:
-        out = triton_grouped_gemm1(a1, w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"],
+        out = triton_grouped_gemm1(a1, kernel_w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"],
                                    out=poison, **kwargs)
     b32 = b13.float() if b13 is not None else None
     ref = grouped_gemm1_reference(a1.float(), w13.float(), disp["row_offsets"], disp["counts"], activation, b32)
@@ -353,6 +357,55 @@ def test_can_implement_and_argument_errors():
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
+def test_pack_gate_up_rows_layout():
+    """CHUNKED order: 8 gate rows, the matching 8 up rows, ...; unpack inverts it; bad shapes name w13."""
+    e, inter, h = 2, 24, 3
+    w13 = torch.arange(e * 2 * inter * h, dtype=torch.float32).reshape(e, 2 * inter, h)
+    packed = pack_gate_up_rows(w13)
+    for chunk in range(inter // 8):
+        assert torch.equal(packed[:, 16 * chunk:16 * chunk + 8], w13[:, 8 * chunk:8 * chunk + 8])
+        assert torch.equal(packed[:, 16 * chunk + 8:16 * chunk + 16], w13[:, inter + 8 * chunk:inter + 8 * chunk + 8])
+    assert torch.equal(unpack_gate_up_rows(packed), w13)
+    bias = torch.randn(e, 2 * inter)
+    assert torch.equal(pack_gate_up_rows(bias.unsqueeze(-1)).squeeze(-1), pack_gate_up_rows(bias))
+    with pytest.raises(ValueError, match="w13: expected 2I a multiple of 16"):
+        pack_gate_up_rows(torch.zeros(1, 24, 4))
+    with pytest.raises(TypeError, match="w13"):
+        pack_gate_up_rows(torch.zeros(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gemm1_chunked_w13_cpu(interpret, dtype):
+    """GEMM1 on W13Layout.CHUNKED (the CuTe kernels' packed w13) with every activation and bias, pointer and TMA
+    loads, 16- and 64-row tiles, an N tail (I=48 in 32-wide tiles: the last tile's packed rows wrap or read
+    the next expert) and the fused gather; the result must match the public-layout reference."""
+    gen = torch.Generator().manual_seed(41 + len(str(dtype)))
+    num_experts, top_k, hidden_dim, inter = 5, 2, 96, 48
+    hidden = torch.randn(21, hidden_dim, generator=gen).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen) / hidden_dim**0.5).to(dtype)
+    b13 = torch.randn(num_experts, 2 * inter, generator=gen).to(dtype)
+    disp = make_dispatch(random_topk(21, num_experts, top_k, generator=gen), num_experts, align=16)
+    mask = valid_mask(disp)
+    cases = [(SMALL, False, Activation.SWIGLU, None), (TALL, True, Activation.GELU_GATED, b13),
+             (TMA, False, Activation.SWIGLU_OAI, b13), (TMA16, True, Activation.SWIGLU, b13)]
+    for config, use_a_rows, activation, bias in cases:
+        out, ref, same = run_gemm1(disp, hidden, w13, top_k, activation, b13=bias, use_a_rows=use_a_rows,
+                                   config=config, w13_layout=W13Layout.CHUNKED)
+        check_close(out, ref, same, mask, floor_for(dtype))
+        assert torch.isnan(out[~mask]).all(), "padding rows were written"
+    problem = GroupedGemmProblem(GemmStage.GEMM1, 4, 44, 64, 8, dtype, w13_layout=W13Layout.CHUNKED)
+    ok, reason = can_implement(SMALL, problem)
+    assert not ok and "multiple of 8" in reason
+    problem = GroupedGemmProblem(GemmStage.GEMM1, 4, 256, 64, 8, dtype, w13_layout=W13Layout.CHUNKED)
+    wide = dataclasses.replace(TMA16, block_n=256)
+    ok, reason = can_implement(wide, problem)
+    assert not ok and "box limit" in reason
+    assert can_implement(dataclasses.replace(wide, tile_load=TileLoad.POINTER), problem)[0]
+    with pytest.raises(TypeError, match="w13_layout"):
+        triton_grouped_gemm1(hidden, w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"],
+                             w13_layout="chunked")
+
+
 def _gpu_weights(num_experts, hidden_dim, inter, dtype, gen, bias=False):
     w13 = (torch.randn(num_experts, 2 * inter, hidden_dim, device="cuda", generator=gen) / hidden_dim**0.5).to(dtype)
     w2 = (torch.randn(num_experts, hidden_dim, inter, device="cuda", generator=gen) / inter**0.5).to(dtype)
@@ -374,9 +427,11 @@ def test_moe_gemms_gpu(num_tokens, skew):
     hidden = torch.randn(num_tokens, hidden_dim, device="cuda", generator=gen).to(dtype)
     disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, "cuda", skew, gen), num_experts)
     mask = valid_mask(disp)
-    for use_a_rows in (False, True):
-        out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU, use_a_rows=use_a_rows)
-        check_close(out1, ref1, same1, mask, floor_for(dtype))
+    for layout in W13Layout:
+        for use_a_rows in (False, True):
+            out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU, use_a_rows=use_a_rows,
+                                          w13_layout=layout)
+            check_close(out1, ref1, same1, mask, floor_for(dtype))
     a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype, device="cuda"))
     scale = torch.rand(disp["max_rows"], device="cuda", generator=gen)
     out2, ref2, same2 = run_gemm2(disp, a2, w2, scale)
@@ -395,8 +450,10 @@ def test_activations_bias_gpu(activation):
         hidden = torch.randn(num_tokens, hidden_dim, device="cuda", generator=gen).to(dtype)
         disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, "cuda", generator=gen), num_experts)
         mask = valid_mask(disp)
-        out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, activation, b13=b13, use_a_rows=True)
-        check_close(out1, ref1, same1, mask, floor_for(dtype))
+        for layout in W13Layout:
+            out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, activation, b13=b13, use_a_rows=True,
+                                          w13_layout=layout)
+            check_close(out1, ref1, same1, mask, floor_for(dtype))
         a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype, device="cuda"))
         out2, ref2, same2 = run_gemm2(disp, a2, w2, None, b2)
         check_close(out2, ref2, same2, mask, floor_for(dtype))
@@ -504,10 +561,11 @@ def test_tma_tile_load_gpu(num_tokens):
     mask = valid_mask(disp)
     for config in (TritonGemmConfig(128, 128, 64, 8, 3, 8, 1, TileLoad.TMA),
                    TritonGemmConfig(16, 64, 128, 4, 3, 1, 2, TileLoad.TMA)):
-        for use_a_rows in (False, True):
-            out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU, b13=b13,
-                                          use_a_rows=use_a_rows, config=config)
-            check_close(out1, ref1, same1, mask, floor_for(dtype))
+        for layout in W13Layout:
+            for use_a_rows in (False, True):
+                out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU, b13=b13,
+                                              use_a_rows=use_a_rows, config=config, w13_layout=layout)
+                check_close(out1, ref1, same1, mask, floor_for(dtype))
         a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype, device="cuda"))
         out2, ref2, same2 = run_gemm2(disp, a2, w2, torch.rand(disp["max_rows"], device="cuda", generator=gen), b2,
                                       config=config)
@@ -536,7 +594,8 @@ for n in names:
     elif n == "a_desc":
         sig[n], consts[n] = "constexpr", None
     elif n == "w_desc":
-        sig[n] = f"tensordesc<bf16[{consts['BLOCK_N']}, {consts['BLOCK_K']}]>"
+        box_rows = consts["BLOCK_N"] * (2 if consts["GATED"] and consts["W13_CHUNK"] else 1)
+        sig[n] = f"tensordesc<bf16[{box_rows}, {consts['BLOCK_K']}]>"
     elif n in ptrs:
         sig[n] = "*i32" if n in int_ptrs else "*bf16"
     else:
@@ -577,14 +636,16 @@ def _compile_sm90(config_consts: dict, num_warps: int, num_stages: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("block_m,dynamic", [(16, False), (128, False), (128, True)])
-def test_compiles_for_sm90_with_dependent_launch(block_m, dynamic):
+@pytest.mark.parametrize("block_m,dynamic,w13_chunk", [(16, False, 0), (128, False, 0), (128, True, 0),
+                                                       (16, False, 8), (128, True, 8)])
+def test_compiles_for_sm90_with_dependent_launch(block_m, dynamic, w13_chunk):
     """Compiled (not interpreted) for sm_90: griddepcontrol for the dependent launch; wgmma for 128-row tiles;
-    global atomics only with the DYNAMIC tile scheduler."""
+    global atomics only with the DYNAMIC tile scheduler; no spills with either w13 layout (chunked: one
+    [128, 256] accumulator split into gate and up in registers)."""
     consts = dict(GATED=True, ACTIVATION=0, GATHER=True, ROWS_PER_SOURCE=8, HAS_BIAS=False, HAS_ROW_SCALE=False,
                   EVEN_K=True, DOT_PRECISION="tf32", BLOCK_E=128, A_TMA=False, W_TMA=True, BLOCK_M=block_m,
                   BLOCK_N=64 if block_m == 16 else 128, BLOCK_K=256 if block_m == 16 else 64, GROUP_M=1,
-                  DEPENDENT_LAUNCH=2, DYNAMIC=dynamic)
+                  DEPENDENT_LAUNCH=2, DYNAMIC=dynamic, W13_CHUNK=w13_chunk)
     facts = _compile_sm90(consts, num_warps=4 if block_m == 16 else 8, num_stages=3)
     assert facts["atomics"] == dynamic
     assert facts["gdc_wait"] and facts["gdc_launch"]
