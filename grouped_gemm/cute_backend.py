@@ -24,7 +24,10 @@ Pipelines:
   count), "empty" = every consumer warp of every CTA that reads this stage's B (both CTAs of a cluster,
   since B may be multicast into both) is done with it.
 - scheduler (PipelineAsync, 2 slots, DYNAMIC only): "full" = the producer wrote the next unit id into
-  the SMEM slot, "empty" = every consumer thread read it.
+  the SMEM slot, "empty" = every consumer thread read it. Clusters of 2: rank 0's producer also stores the
+  unit into rank 1's slot (st.async.shared::cluster, completing rank 1's "full" barrier by its 4 bytes,
+  which rank 1's producer expects), and "empty" lives in rank 0 only: every reader of both CTAs (the
+  consumer threads of both, and rank 1's producer) arrives there.
 - epilogue store (PipelineTmaStore): bulk-group accounting, so an SMEM epilogue buffer is reused only
   after the TMA store that reads it finished.
 While the consumers run the epilogue of unit i, the producer already streams unit i+1's first stages.
@@ -41,11 +44,12 @@ rows are computed but not stored, and so is an m-block past the last expert (the
 cluster when the m-block count is odd), to keep the pair in lockstep.
 The per-unit expert search (binary search over row_offsets) reads SMEM copies made at kernel start.
 
-Schedulers: STATIC (unit = cluster id + i * clusters) or DYNAMIC (cluster_m == 1: the producer's lane 0
-takes units from a global atomic counter one unit ahead and hands them to the consumers through the
-scheduler pipeline). The counter needs no host reset: every CTA adds one to a finish count after its
-last fetch, and the last CTA to finish zeroes both words for the next launch (launches that share a
-workspace must be stream-ordered).
+Schedulers: STATIC (unit = cluster id + i * clusters) or DYNAMIC (the producer's lane 0 of each cluster's
+rank 0 takes units from a global atomic counter one unit ahead and hands them to the consumers, and to
+rank 1, through the scheduler pipeline; both CTAs of a cluster so always work on the same unit). The
+counter needs no host reset: every fetching CTA adds one to a finish count after its last fetch, and the
+last one to finish zeroes both words for the next launch (launches that share a workspace must be
+stream-ordered).
 
 Limits: bf16/fp16, K-major A and B, K % 8 == 0 (TMA zero-fills a partial last K tile), N % tile_n == 0,
 row_offsets multiples of tile_m, at most 256 experts; GEMM1 weights prepacked (gate/up rows
@@ -354,11 +358,16 @@ class Sm90GroupedGemmKernel:
         )
         # dynamic scheduler: the producer warp's lane 0 writes the fetched unit into an SMEM slot ("full"
         # = slot written, one arrival); every consumer thread reads it and arrives on "empty"
+        # cluster of 2: rank 0's "empty" counts the readers of both CTAs (+ rank 1's producer lane), and every
+        # reader releases there (consumer_mask = destination rank 0)
         sched = pipeline.PipelineAsync.create(
             barrier_storage=storage.sched_barriers.data_ptr(),
             num_stages=self.sched_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.cluster_m * self.num_consumer_threads + self.cluster_m - 1
+            ),
+            consumer_mask=cutlass.Int32(0) if self.cluster_m > 1 else None,
             defer_sync=True,
         )
         pipeline_init_arrive(cluster_shape_mn=(self.cluster_m, 1), is_relaxed=True)
@@ -405,9 +414,9 @@ class Sm90GroupedGemmKernel:
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
-                unit = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True)
+                unit = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True, rank)
                 if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
-                    self.publish_unit(unit, sched, sched_state, slots)
+                    unit = self.publish_unit(unit, sched, sched_state, slots, rank)
                     sched_state.advance()  # pipeline states advance in the loop body, where the DSL carries them
                 total = self.total_units(s_rows)
                 while unit < total:
@@ -415,7 +424,7 @@ class Sm90GroupedGemmKernel:
                         unit, s_rows, s_counts, pair_threshold, rank
                     )
                     # ask for the next unit now: the atomic's latency hides behind this unit's loads
-                    next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False)
+                    next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, rank)
                     for k in cutlass.range(k_tiles, unroll=1):
                         mainloop.producer_acquire(state)
                         bar = mainloop.producer_get_barrier(state)
@@ -437,9 +446,10 @@ class Sm90GroupedGemmKernel:
                         state.advance()
                     unit = next_unit
                     if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
-                        self.publish_unit(unit, sched, sched_state, slots)
+                        unit = self.publish_unit(unit, sched, sched_state, slots, rank)
                         sched_state.advance()
-                self.finish_dynamic(workspace, gdim)
+                self.finish_dynamic(workspace, num_clusters, rank)
+                self.scheduler_tail(sched, sched_state, rank)
                 mainloop.producer_tail(state)
         else:
             # ---------------------------------------------------------- consumer warpgroups
@@ -610,26 +620,68 @@ class Sm90GroupedGemmKernel:
 
     # ------------------------------------------------------------------ scheduling
     @cute.jit
-    def fetch_unit(self, cluster_id, num_clusters, previous, workspace, is_first: cutlass.Constexpr):
-        """Producer warp: the next unit (STATIC: arithmetic; DYNAMIC: one atomic by lane 0, broadcast)."""
+    def fetch_unit(self, cluster_id, num_clusters, previous, workspace, is_first: cutlass.Constexpr, rank):
+        """Producer warp: the next unit (STATIC: arithmetic; DYNAMIC: one atomic by lane 0 of the cluster's
+        rank 0, broadcast to the warp; rank 1 gets the unit from publish_unit instead)."""
         unit = cluster_id
         if cutlass.const_expr(not is_first):
             unit = previous + num_clusters
         if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
             lane = cute.arch.lane_idx()
             fetched = cutlass.Int32(0)
-            if lane == 0:
+            if lane == 0 and rank == 0:
                 fetched = cute.arch.atomic_add(workspace.iterator, cutlass.Int32(1))
             unit = cute.arch.shuffle_sync(fetched, 0)
         return unit
 
     @cute.jit
-    def publish_unit(self, unit, sched, sched_state, slots):
-        """Producer warp -> consumers: the unit id through an SMEM slot (DYNAMIC; the caller advances)."""
-        if cute.arch.lane_idx() == 0:
-            sched.producer_acquire(sched_state)
-            slots[(0, sched_state.index)] = unit
-            sched.producer_commit(sched_state)
+    def publish_unit(self, unit, sched, sched_state, slots, rank) -> cutlass.Int32:
+        """Producer warp -> consumers: the unit id through an SMEM slot (DYNAMIC; the caller advances).
+
+        Returns the unit this CTA works on: its own fetch, or in rank 1 of a cluster the one rank 0 stored
+        into its slot (rank 1's producer reads the slot like a consumer: its state is a producer state, so
+        the "full" phase it waits for is the state's phase flipped)."""
+        lane = cute.arch.lane_idx()
+        index = sched_state.index
+        result = unit
+        if cutlass.const_expr(self.cluster_m == 1):
+            if lane == 0:
+                sched.producer_acquire(sched_state)
+                slots[(0, index)] = unit
+                sched.producer_commit(sched_state)
+        else:
+            received = cutlass.Int32(0)
+            if rank == 0:
+                if lane == 0:
+                    sched.producer_acquire(sched_state)  # every reader of both CTAs released this slot
+                    slots[(0, index)] = unit
+                    sched.producer_commit(sched_state)
+                    cute.arch.store_async_dsmem(
+                        slots.iterator + 4 * index, unit, sched.sync_object_full.get_barrier(index), 1
+                    )
+                received = unit
+            else:
+                if lane == 0:
+                    full = sched.sync_object_full.get_barrier(index)
+                    cute.arch.mbarrier_arrive_and_expect_tx(full, 4)
+                    cute.arch.mbarrier_wait(full, sched_state.phase ^ 1)
+                    received = slots[(0, index)]
+                    sched.consumer_release(sched_state)
+                received = cute.arch.shuffle_sync(received, 0)
+            result = received
+        return result
+
+    @cute.jit
+    def scheduler_tail(self, sched, sched_state, rank):
+        """DYNAMIC clusters: rank 0 waits until every reader of both CTAs released every slot, so that no
+        remote arrive from rank 1 targets rank 0's shared memory after rank 0 exited."""
+        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC and self.cluster_m > 1):
+            if cute.arch.lane_idx() == 0 and rank == 0:
+                for i in cutlass.range_constexpr(self.sched_stages):
+                    position = sched_state.index + i
+                    index = position % self.sched_stages
+                    phase = sched_state.phase ^ (position // self.sched_stages)
+                    sched.sync_object_empty.wait(index, phase)
 
     @cute.jit
     def read_published_unit(self, sched, sched_read, slots):
@@ -640,13 +692,14 @@ class Sm90GroupedGemmKernel:
         return unit
 
     @cute.jit
-    def finish_dynamic(self, workspace, num_ctas):
-        """Epoch reset: the last CTA to finish fetching zeroes the counter for the next launch."""
+    def finish_dynamic(self, workspace, num_fetchers, rank):
+        """Epoch reset: the last fetching CTA (rank 0 of each cluster) to finish zeroes the counter for the
+        next launch."""
         if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
-            if cute.arch.lane_idx() == 0:
+            if cute.arch.lane_idx() == 0 and rank == 0:
                 cute.arch.fence_acq_rel_gpu()
                 done = cute.arch.atomic_add(workspace.iterator + 1, cutlass.Int32(1))
-                if done == num_ctas - 1:
+                if done == num_fetchers - 1:
                     workspace[0] = cutlass.Int32(0)
                     workspace[1] = cutlass.Int32(0)
 

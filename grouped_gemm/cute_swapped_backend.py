@@ -230,13 +230,13 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
-                unit = self.fetch_unit(bidx, gdim, bidx, workspace, True)
+                unit = self.fetch_unit(bidx, gdim, bidx, workspace, True, cutlass.Int32(0))
                 if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
-                    self.publish_unit(unit, sched, sched_state, slots)
+                    self.publish_unit(unit, sched, sched_state, slots, cutlass.Int32(0))
                     sched_state.advance()  # pipeline states advance in the loop body, where the DSL carries them
                 while unit < total:
                     m_block, nb, expert = self.decode_swapped_unit(unit, s_tiles, s_rows)
-                    next_unit = self.fetch_unit(bidx, gdim, unit, workspace, False)
+                    next_unit = self.fetch_unit(bidx, gdim, unit, workspace, False, cutlass.Int32(0))
                     for k in cutlass.range(k_tiles, unroll=1):
                         mainloop.producer_acquire(state)
                         bar = mainloop.producer_get_barrier(state)
@@ -246,9 +246,9 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                         state.advance()
                     unit = next_unit
                     if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
-                        self.publish_unit(unit, sched, sched_state, slots)
+                        self.publish_unit(unit, sched, sched_state, slots, cutlass.Int32(0))
                         sched_state.advance()
-                self.finish_dynamic(workspace, gdim)
+                self.finish_dynamic(workspace, gdim, cutlass.Int32(0))
                 mainloop.producer_tail(state)
         else:
             # ---------------------------------------------------------- consumer warpgroup

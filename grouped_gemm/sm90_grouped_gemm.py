@@ -57,7 +57,7 @@ METADATA_RESERVE_BYTES = 8 * 257  # SMEM copies of row_offsets and counts, up to
 
 class Scheduler(enum.Enum):
     STATIC = "static"  # unit = cluster id + i * clusters
-    DYNAMIC = "dynamic"  # global atomic counter, epoch reset in-kernel (cluster_m == 1 only)
+    DYNAMIC = "dynamic"  # global atomic counter (rank 0 of each cluster fetches), epoch reset in-kernel
 
 
 class Raster(enum.Enum):
@@ -207,8 +207,9 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         return False, "activation: GEMM2 takes no activation"
     if problem.k % 8:
         return False, f"k: {problem.k} must be a multiple of 8 (16-byte TMA rows)"
-    if config.work_unit is WorkUnit.PAIR and config.scheduler is Scheduler.DYNAMIC:
-        return False, "scheduler: DYNAMIC is implemented for SINGLE work units (cluster 1) only"
+    if config.work_unit is WorkUnit.PAIR and config.scheduler is Scheduler.DYNAMIC and (
+            config.consumers is Consumers.PINGPONG):
+        return False, "scheduler: DYNAMIC with PAIR units needs COOPERATIVE consumers"
     if problem.num_experts > 256:
         return False, f"num_experts: at most 256 (SMEM metadata copy), got {problem.num_experts}"
     if config.consumers is Consumers.PINGPONG and config.tile_m * config.tile_n > 128 * 128:
@@ -256,8 +257,9 @@ def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConf
 def regular_schedule(work_unit: WorkUnit, rows_per_expert: float | None,
                      scheduler: Scheduler | None = None) -> tuple[Scheduler, Raster]:
     """(scheduler, raster) of the regular (TOKENS_AS_M) kernel for about `rows_per_expert` rows per expert
-    (None: unknown): DYNAMIC for SINGLE units (PAIR runs STATIC), GROUPED_M above GROUPED_RASTER_MIN_ROWS
-    rows per expert when DYNAMIC, else ALONG_N. An explicit `scheduler` is kept (see default_config)."""
+    (None: unknown): DYNAMIC for SINGLE units, STATIC for PAIR units (PAIR DYNAMIC runs but measured 6-19%
+    slower than SINGLE DYNAMIC, results/pair-dynamic-h200-2026-11-29/), GROUPED_M above
+    GROUPED_RASTER_MIN_ROWS rows per expert when DYNAMIC, else ALONG_N. An explicit `scheduler` is kept."""
     if scheduler is None:
         scheduler = Scheduler.STATIC if work_unit is WorkUnit.PAIR else Scheduler.DYNAMIC
     grouped = rows_per_expert is None or rows_per_expert > GROUPED_RASTER_MIN_ROWS

@@ -17,6 +17,7 @@ watchdog ends the process if one kernel call hangs (naming it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -77,6 +78,13 @@ def check_variants():
         ("g1_swiglu_grouped3_dynamic", Cfg(tile_n=128, scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M,
                                            raster_group_m=3), p1),
         ("g2_rowscale_grouped3_many", Cfg(tile_n=256, raster=s90.Raster.GROUPED_M, raster_group_m=3), p2),
+        # PAIR units scheduled DYNAMIC: rank 0 of each cluster fetches, rank 1 receives the unit through DSMEM
+        ("g1_swiglu_pair_dynamic", dataclasses.replace(pair, scheduler=s90.Scheduler.DYNAMIC), p1),
+        ("g1_oai_bias_pair_dynamic_many", Cfg(tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=200,
+                                              scheduler=s90.Scheduler.DYNAMIC), p1_oai),
+        ("g2_rowscale_bias_pair_grouped3_dynamic_many", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, pair_threshold=1,
+                                                            scheduler=s90.Scheduler.DYNAMIC,
+                                                            raster=s90.Raster.GROUPED_M, raster_group_m=3), p2_bias),
         # swapped operands (decode kernel): token tiles of 8..64 rows, weight tiles of 64..256 rows
         ("g1_swiglu_swapped16", swapped(16, 128), p1),
         ("g1_gelu_swapped64", swapped(64, 64, tile_k=64), p1_gelu),

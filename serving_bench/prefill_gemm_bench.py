@@ -65,6 +65,9 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "grouped8_dynamic": rep(base, scheduler=DYN, raster=GROUPED, raster_group_m=8),
         "grouped16_dynamic": rep(base, scheduler=DYN, raster=GROUPED, raster_group_m=16),
         "grouped8_static": rep(base, scheduler=STATIC, raster=GROUPED, raster_group_m=8),
+        "pair_dynamic": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN),
+        "pair_grouped4_dynamic": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN,
+                                     raster=GROUPED, raster_group_m=4),
     }
 
 

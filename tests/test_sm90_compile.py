@@ -53,8 +53,11 @@ def test_can_implement_reasons():
     assert not ok and "tile_n" in why
     ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=96), p1)
     assert not ok and "tile_m" in why
-    ok, why = s90.can_implement(s90.Sm90GemmConfig(work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.DYNAMIC), p1)
-    assert not ok and "DYNAMIC" in why
+    assert s90.can_implement(s90.Sm90GemmConfig(work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.DYNAMIC), p1) == (
+        True, "")
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.DYNAMIC,
+                                                   consumers=s90.Consumers.PINGPONG), p1)
+    assert not ok and "DYNAMIC" in why and "COOPERATIVE" in why
     ok, why = s90.can_implement(s90.Sm90GemmConfig(), s90.Sm90Problem(G1, 1536, 2048, 8, torch.float32, Activation.SWIGLU))
     assert not ok and "dtype" in why
 
@@ -132,7 +135,7 @@ def test_default_config_by_rows_per_expert():
         grouped = s90.default_config(p2, rows_per_expert=rows)
         assert (grouped.scheduler, grouped.raster, grouped.raster_group_m) == (
             s90.Scheduler.DYNAMIC, s90.Raster.GROUPED_M, s90.GROUPED_RASTER_GROUP_M)
-    # an explicit STATIC scheduler keeps ALONG_N; PAIR units run STATIC (DYNAMIC needs SINGLE units)
+    # an explicit STATIC scheduler keeps ALONG_N; PAIR units run STATIC by default (measured: see regular_schedule)
     assert s90.default_config(p2, s90.Scheduler.STATIC).raster is s90.Raster.ALONG_N
     assert s90.default_config(p2, work_unit=WorkUnit.PAIR).scheduler is s90.Scheduler.STATIC
     # a pair request keeps the regular kernel; the scheduler request carries over to the swapped one
@@ -202,6 +205,9 @@ SMALL = [  # (name, config, problem): one per epilogue, work unit and scheduler
     ("plain_m64", s90.Sm90GemmConfig(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE), s90.Sm90Problem(G2, 128, 64, 4)),
     ("rowscale_grouped_dynamic", s90.Sm90GemmConfig(tile_n=128, scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M,
                                                     raster_group_m=3), s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True)),
+    ("swiglu_pair_dynamic", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.DYNAMIC,
+                                               raster=s90.Raster.GROUPED_M, raster_group_m=4),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
 ]
 
 
@@ -220,7 +226,14 @@ def _check_ptx(ptx: str, multicast: bool, dynamic: bool):
 @pytest.mark.parametrize("name,config,problem", SMALL, ids=[s[0] for s in SMALL])
 def test_compile_small_and_check_ptx(name, config, problem):
     compiled = s90.compile_kernel(config, problem, keep_ptx=True)
-    _check_ptx(compiled.__ptx__, config.work_unit is WorkUnit.PAIR, config.scheduler is s90.Scheduler.DYNAMIC)
+    ptx = compiled.__ptx__
+    pair, dynamic = config.work_unit is WorkUnit.PAIR, config.scheduler is s90.Scheduler.DYNAMIC
+    _check_ptx(ptx, pair, dynamic)
+    # DYNAMIC clusters: rank 0 stores each unit into rank 1's slot (st.async, completing rank 1's barrier by
+    # bytes) and the readers of both CTAs release the slot on rank 0's barrier (remote arrive)
+    assert ("st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx) == (pair and dynamic)
+    if pair and dynamic:
+        assert "mbarrier.arrive.shared::cluster" in ptx
 
 
 @NEEDS_DSL
