@@ -573,6 +573,10 @@ class MoELayer:
 
     def backend_for(self, num_tokens: int, top_k: int | None = None) -> Backend:
         """The backend that runs a batch of num_tokens tokens (top_k: the routing's, unless given)."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens: expected an int >= 0, got {num_tokens!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k: expected an int >= 1, got {top_k!r}")
         if top_k is None:
             if self.config.top_k is None:
                 raise ValueError("top_k: this layer has no routing, pass the top_k of the batch")

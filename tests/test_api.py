@@ -247,6 +247,16 @@ def test_backend_plan_for_batch():
     assert plan.for_batch(2049, 8, 128) is Backend.CUTE
     single = moe2cta.BackendPlan.single(Backend.TRITON)
     assert single.backends == (Backend.TRITON,) and single.for_batch(10**6, 8, 1) is Backend.TRITON
+    layer = make(4, 16, 8, 8, seed=13)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=RoutingConfig(top_k=2), backend="torch")
+    assert moe.backend_for(4) is Backend.TORCH and moe.backend_for(4, top_k=3) is Backend.TORCH
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="^num_tokens"):
+            moe.backend_for(bad)
+    with pytest.raises(ValueError, match="^top_k"):
+        moe.backend_for(4, top_k=0)
+    with pytest.raises(ValueError, match="^top_k: this layer has no routing"):
+        MoELayer(layer["w13"], layer["w2"], routing=None, backend="torch").backend_for(4)
 
 
 @pytest.mark.parametrize("capability,split", [((9, 0), True), ((10, 0), False)])
