@@ -100,27 +100,24 @@ class W13Layout(enum.Enum):
     CHUNKED = "chunked"
 
 
-def pack_gate_up_rows(x: torch.Tensor) -> torch.Tensor:
-    """[E, 2I, ...] in GATE_THEN_UP order -> a new contiguous tensor in CHUNKED order (once at weight load)."""
+def _gate_up_chunks(x: torch.Tensor) -> int:
+    """Chunks of GATE_UP_CHUNK gate + GATE_UP_CHUNK up rows in x [E, 2I, ...]; bad shapes name w13."""
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         raise TypeError(f"w13: expected a tensor [E, 2I, ...], got {getattr(x, 'shape', type(x).__name__)}")
-    two_i = x.shape[1]
-    if two_i % (2 * GATE_UP_CHUNK):
-        raise ValueError(f"w13: expected 2I a multiple of {2 * GATE_UP_CHUNK}, got {two_i}")
-    chunks = two_i // (2 * GATE_UP_CHUNK)
-    rest = x.shape[2:]
-    halves = x.reshape(x.shape[0], 2, chunks, GATE_UP_CHUNK, *rest)  # (gate | up, chunk, row in chunk)
+    if x.shape[1] % (2 * GATE_UP_CHUNK):
+        raise ValueError(f"w13: expected 2I a multiple of {2 * GATE_UP_CHUNK}, got {x.shape[1]}")
+    return x.shape[1] // (2 * GATE_UP_CHUNK)
+
+
+def pack_gate_up_rows(x: torch.Tensor) -> torch.Tensor:
+    """[E, 2I, ...] in GATE_THEN_UP order -> a new contiguous tensor in CHUNKED order (once at weight load)."""
+    chunks = _gate_up_chunks(x)
+    halves = x.reshape(x.shape[0], 2, chunks, GATE_UP_CHUNK, *x.shape[2:])  # (gate | up, chunk, row in chunk)
     return halves.transpose(1, 2).reshape(x.shape).contiguous()
 
 
 def unpack_gate_up_rows(x: torch.Tensor) -> torch.Tensor:
     """The inverse of pack_gate_up_rows: CHUNKED order -> a new contiguous tensor in GATE_THEN_UP order."""
-    if not isinstance(x, torch.Tensor) or x.dim() < 2:
-        raise TypeError(f"w13: expected a tensor [E, 2I, ...], got {getattr(x, 'shape', type(x).__name__)}")
-    two_i = x.shape[1]
-    if two_i % (2 * GATE_UP_CHUNK):
-        raise ValueError(f"w13: expected 2I a multiple of {2 * GATE_UP_CHUNK}, got {two_i}")
-    chunks = two_i // (2 * GATE_UP_CHUNK)
-    rest = x.shape[2:]
-    packed = x.reshape(x.shape[0], chunks, 2, GATE_UP_CHUNK, *rest)  # (chunk, gate | up, row in chunk)
+    chunks = _gate_up_chunks(x)
+    packed = x.reshape(x.shape[0], chunks, 2, GATE_UP_CHUNK, *x.shape[2:])  # (chunk, gate | up, row in chunk)
     return packed.transpose(1, 2).reshape(x.shape).contiguous()

@@ -227,8 +227,8 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
         n, kk = (2 * i, h) if gemm == "gemm1" else (h, i)
         err = errors.get((label, gemm))
         flops = 2.0 * rows * n * kk
-        r = {"model": preset.name, "tokens": tokens, "routing": routing, "padding": padding, "busiest": int(counts.max()) * e / rows,
-             "gemm": gemm, "backend": label, "rows": rows,
+        r = {"model": preset.name, "tokens": tokens, "routing": routing, "padding": padding,
+             "busiest": int(counts.max()) * e / rows, "gemm": gemm, "backend": label, "rows": rows,
              "padded_rows": padded_rows, "ms": ms, "tflops": flops / ms / 1e9, "err": err,
              "ok": err is None or err < 1e-2}
         results.append(r)
