@@ -261,12 +261,26 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
 # ----------------------------------------------------------------------------------------------------------
 # Kernel (decorated lazily: Triton picks compiled vs interpreted mode when a function is decorated, and we
 # read nothing from the environment at import time). The kernel calls only Triton builtins (no jit'd
-# helpers of triton.language.standard such as tl.sum or tl.cdiv), so it also runs in the interpreter when
-# triton itself was imported in compiled mode.
+# helpers of triton.language.standard such as tl.sum or tl.cdiv; its own helpers _add and _gated_activation
+# are decorated per mode with it), so it also runs in the interpreter when triton itself was imported in
+# compiled mode.
 
 
 def _add(x, y):  # tl.reduce combine function (decorated per mode with the kernel, see _jitted_kernel)
     return x + y
+
+
+def _gated_activation(gate, up, ACTIVATION: tl.constexpr):
+    """GEMM1's epilogue on fp32 (gate, up) (decorated per mode with a kernel; the token GEMVs use it too)."""
+    if ACTIVATION == 0:  # SWIGLU: silu(gate) * up
+        result = gate / (1.0 + tl.exp(-gate)) * up
+    elif ACTIVATION == 1:  # GELU_GATED: gelu_erf(gate) * up
+        result = 0.5 * gate * (1.0 + tl.math.erf(gate * 0.7071067811865476)) * up
+    else:  # SWIGLU_OAI (gpt-oss)
+        gate = tl.minimum(gate, _OAI_LIMIT)
+        up = tl.minimum(tl.maximum(up, -_OAI_LIMIT), _OAI_LIMIT)
+        result = (up + 1.0) * (gate / (1.0 + tl.exp(gate * -_OAI_ALPHA)))
+    return result
 
 
 
@@ -404,16 +418,7 @@ def _grouped_gemm_kernel(
             if GATED:
                 acc_up += tl.load(b_base + (w_n + N) * stride_bn).to(tl.float32)[None, :]
         if GATED:
-            gate = acc
-            up = acc_up
-            if ACTIVATION == 0:  # SWIGLU: silu(gate) * up
-                result = gate / (1.0 + tl.exp(-gate)) * up
-            elif ACTIVATION == 1:  # GELU_GATED: gelu_erf(gate) * up
-                result = 0.5 * gate * (1.0 + tl.math.erf(gate * 0.7071067811865476)) * up
-            else:  # SWIGLU_OAI (gpt-oss)
-                gate = tl.minimum(gate, _OAI_LIMIT)
-                up = tl.minimum(tl.maximum(up, -_OAI_LIMIT), _OAI_LIMIT)
-                result = (up + 1.0) * (gate / (1.0 + tl.exp(gate * -_OAI_ALPHA)))
+            result = _gated_activation(acc, acc_up, ACTIVATION)
         else:
             result = acc
         if HAS_ROW_SCALE:
@@ -438,24 +443,37 @@ def _decorated(fn, namespace: dict, **jit_options):
     return triton.jit(copy, **jit_options)
 
 
+def _decorated_helpers() -> dict:
+    """The kernels' helpers (_add, _gated_activation) decorated in the current mode, with this module's globals."""
+    namespace = dict(globals())
+    helpers = {name: _decorated(globals()[name], namespace) for name in ("_add", "_gated_activation")}
+    namespace.update(helpers)
+    return helpers
+
+
 @functools.lru_cache(maxsize=2)
 def _jitted_kernel(interpret: bool):
     """The kernel and its combine helper decorated together: triton reads its mode (compiled or
     interpreted) when it decorates, so a process can use both (tests turn the interpreter on per scope)."""
     del interpret  # part of the cache key only
     namespace = dict(globals())
-    namespace["_add"] = _decorated(_add, namespace)
+    namespace.update(_decorated_helpers())
     # num_programs varies with the batch; specializing on it (== 1, % 16) would recompile per bucket of T.
     return _decorated(_grouped_gemm_kernel, namespace, do_not_specialize=["num_programs"])
 
 
-def _kernel():
+def _interpreting() -> bool:
+    """Whether triton runs kernels in the interpreter now (read per call, never at import)."""
     knobs = getattr(triton, "knobs", None)  # triton >= 3.4; older versions read the variable directly
     if knobs is not None:
-        return _jitted_kernel(bool(knobs.runtime.interpret))
+        return bool(knobs.runtime.interpret)
     import os
 
-    return _jitted_kernel(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _kernel():
+    return _jitted_kernel(_interpreting())
 
 
 @functools.lru_cache(maxsize=16)

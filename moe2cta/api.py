@@ -10,8 +10,11 @@ Backends (moe2cta.config.Backend):
 - TORCH: the torch twins of every stage (moe_forward_reference's pipeline); any device; reads ids back to
   the host (it is the reference, not a fast path).
 - TRITON: moe2cta.router.api (Triton route / dispatch / gather / combine) + grouped_gemm.triton_grouped_gemm
-  (GEMM1 reads the token rows directly through `a_rows`, no gathered copy). CUDA; on CPU only with
-  TRITON_INTERPRET=1 set and backend chosen explicitly (tests).
+  (GEMM1 reads the token rows directly through `a_rows`, no gathered copy). Batches of a few tokens
+  (grouped_gemm.triton_token_gemv.token_gemv_applies, or MoELayer's token_gemv_max_tokens) skip dispatch,
+  grouped GEMMs and combine: route, then the token GEMVs' two launches (GEMV1 + activation per slot, GEMV2
+  + the fixed-order combine per token) straight from topk_ids. CUDA; on CPU only with TRITON_INTERPRET=1
+  set and backend chosen explicitly (tests).
 - CUTE: Triton router + the CuTe DSL grouped GEMMs (sm90_grouped_gemm on sm_90, sm100_grouped_gemm on
   sm_100) on w13 prepacked once (MoELayer) for the fused activation.
 - AUTO: on sm_90 with both GPU backends supported, a BackendPlan: TRITON for batches of at most
@@ -404,6 +407,19 @@ def _combine_gpu(layer: "MoELayer", y, disp, topk_weights, hidden):
     return api.combine(y, disp, weights, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend())
 
 
+def _forward_triton_tokens(layer: "MoELayer", hidden, topk_weights, topk_ids):
+    """A batch of a few tokens: GEMV1 per (token, expert) slot, then GEMV2 with the combine, from topk_ids."""
+    gemv = _optional_module("grouped_gemm.triton_token_gemv")[0]
+    on_input = layer.config.router_weight_on is RouterWeightOn.INPUT
+    packed = layer.prepared.get("packed_w13")
+    w13, layout = (layer.w13, W13Layout.GATE_THEN_UP) if packed is None else (packed, W13Layout.CHUNKED)
+    a2 = gemv.token_gemv1(hidden, topk_ids, w13, layer.config.activation, b13=layer.b13,
+                          topk_weights=topk_weights if on_input else None, expert_map=layer.expert_map,
+                          w13_layout=layout)
+    return gemv.token_gemv2_combine(a2, topk_ids, layer.w2, None if on_input else topk_weights, b2=layer.b2,
+                                    expert_map=layer.expert_map, out_dtype=hidden.dtype)
+
+
 def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     gemm = _optional_module("grouped_gemm.triton_grouped_gemm")[0]
     config = layer.config
@@ -497,6 +513,9 @@ class MoELayer:
     w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], optional biases b13 [E, 2I], b2 [E, H],
     e_score_correction_bias [E_g] (DeepSeek-V3 routing), expert_map [E_g] (global -> local id or -1).
     routing may be None when the layer is only ever called with precomputed (topk_weights, topk_ids).
+    token_gemv_max_tokens: which TRITON batches run the token GEMVs (no dispatch, no combine launch). None:
+    where grouped_gemm.triton_token_gemv.token_gemv_applies (1-4 tokens, fewer for larger experts, none for
+    experts over 128 MB; measured on an H200); an int n: every batch of 1..n tokens; 0: never.
     `plan` says which backend runs a batch (`backend_for(num_tokens)`); `backend` is the one of decode-sized
     batches and `prefill_backend` that of larger ones (the same unless AUTO split them); `backend_reason` says
     why (the AUTO fallbacks, each with its reason).
@@ -518,6 +537,7 @@ class MoELayer:
         backend: Backend | str = Backend.AUTO,
         id_check: IdCheck | str = IdCheck.AUTO,
         tuning_cache: "tuning.TuningCache | str | os.PathLike | None" = None,
+        token_gemv_max_tokens: int | None = None,
     ):
         if routing is not None and not isinstance(routing, RoutingConfig):
             raise TypeError(f"routing: expected a RoutingConfig or None, got {type(routing).__name__}")
@@ -560,6 +580,22 @@ class MoELayer:
         else:
             raise TypeError(f"tuning_cache: expected a TuningCache, a path or None, got {type(tuning_cache).__name__}")
         self.prepared = _prepare_cute(self) if Backend.CUTE in self.plan.backends else {}
+        if token_gemv_max_tokens is not None and (
+                isinstance(token_gemv_max_tokens, bool) or not isinstance(token_gemv_max_tokens, int)
+                or token_gemv_max_tokens < 0):
+            raise ValueError(f"token_gemv_max_tokens: expected an int >= 0 or None, got {token_gemv_max_tokens!r}")
+        self.token_gemv_max_tokens = token_gemv_max_tokens
+        self._token_gemv = (_optional_module("grouped_gemm.triton_token_gemv")[0]
+                            if Backend.TRITON in self.plan.backends else None)
+        biases = sum(b.shape[1] * b.element_size() for b in (b13, b2) if b is not None)
+        self._expert_bytes = 3 * hidden * intermediate * w13.element_size() + biases
+
+    def _runs_token_gemvs(self, num_tokens: int) -> bool:
+        if self._token_gemv is None:
+            return False
+        if self.token_gemv_max_tokens is not None:
+            return 1 <= num_tokens <= self.token_gemv_max_tokens
+        return self._token_gemv.token_gemv_applies(num_tokens, self._expert_bytes)
 
     @property
     def backend(self) -> Backend:
@@ -608,6 +644,16 @@ class MoELayer:
         """hidden [T, H] + router_logits [T, E_g] (or precomputed topk_weights / topk_ids) -> out [T, H]."""
         self.validate(hidden, router_logits, topk_weights=topk_weights, topk_ids=topk_ids)
         hidden = hidden.contiguous()
+        num_tokens = hidden.shape[0]
+        top_k = topk_ids.shape[1] if topk_ids is not None else self.config.top_k
+        backend = self.plan.for_batch(num_tokens, top_k, self.num_global_experts)
+        if backend is Backend.TRITON and self._runs_token_gemvs(num_tokens):
+            if topk_ids is None:
+                topk_weights, topk_ids = _router_api().route(
+                    router_logits, self.config.routing, self.e_score_correction_bias, backend=_triton_router_backend())
+            topk_weights = topk_weights.to(torch.float32).contiguous()
+            topk_ids = topk_ids.to(torch.int32).contiguous()
+            return _forward_triton_tokens(self, hidden, topk_weights, topk_ids)
         disp = None
         if self.backend is Backend.TORCH:
             if topk_ids is None:
@@ -618,7 +664,6 @@ class MoELayer:
         topk_ids = topk_ids.to(torch.int32).contiguous()
         if disp is None and self.backend is not Backend.TORCH:
             disp = _dispatch_gpu(self, topk_ids)
-        backend = self.plan.for_batch(hidden.shape[0], topk_ids.shape[1], self.num_global_experts)
         return _FORWARD[backend](self, hidden, topk_weights, topk_ids, disp)
 
     forward = __call__

@@ -121,6 +121,15 @@ dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_seco
             --models "${cell%%:*}" --tokens "${cell##*:}" --variants ${NCU_VARIANTS:-default} \
             --routing ${PREFILL_ROUTING:-random} --padding ${PREFILL_PADDING:-random}
     done ;;
+token-gemv)  # the Triton layer's token GEMVs beside its grouped GEMMs at decode sizes (+ kernel config sweep at T=1)
+    step token-gemv 300 python3 -m moe2cta.serving_bench.token_gemv_bench --models all --tokens ${GEMV_TOKENS:-1 2 4 8 16} \
+        ${GEMV_SWEEP:+--sweep} --json "$out/token-gemv.json" ;;
+token-gemv-tests)
+    step token-gemv-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" \
+        "$repo/tests/test_triton_token_gemv.py" "$repo/tests/test_api.py" ;;
+memcheck-token-gemv)  # compute-sanitizer memcheck on the token GEMV GPU tests (both layouts, masked slots and tails)
+    step memcheck-token-gemv 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        --rootdir "$repo" "$repo/tests/test_triton_token_gemv.py" -k "qwen3 or layer_token_path" ;;
 layer-profile)  # kernel times of one layer forward per backend (PROFILE_CELLS="model:T ...")
     for cell in ${PROFILE_CELLS:-deepseek-v3:8192 qwen3-30b-a3b:2048}; do
         step "profile-${cell/:/-}" 120 python3 -m moe2cta.serving_bench.layer_profile --model "${cell%%:*}" \

@@ -405,18 +405,30 @@ _TRITON_SCRIPT = textwrap.dedent(
         layer = moe2cta.MoELayer(w13, w2, routing=routing, activation=act, b13=b13, b2=b2, router_weight_on=weight_on,
                                  expert_map=expert_map, align=16, backend="triton")
         assert layer.backend is moe2cta.Backend.TRITON
-        out = layer(h, logits)
-        w, i = moe2cta.route(logits, routing, backend="torch")
-        ref = moe2cta.moe_reference(h, w13, w2, w, i, act, b13, b2, expert_map=expert_map,
-                                    router_weight_on=moe2cta.RouterWeightOn(weight_on), dtype=torch.float64)
-        same = moe2cta.moe_reference(h, w13, w2, w, i, act, b13, b2, expert_map=expert_map,
-                                     router_weight_on=moe2cta.RouterWeightOn(weight_on), dtype=dtype)
-        scale = ref.abs().max().item()
-        err = (out.double() - ref).abs().max().item() / scale
-        bound = 2 * (same.double() - ref).abs().max().item() / scale + (1e-5 if dtype == torch.float32 else 1e-3)
-        assert out.dtype == dtype and err <= bound, (dtype, routing, err, bound)
-        ids_out = layer(h, topk_weights=w, topk_ids=i)
-        assert (ids_out.double() - ref).abs().max().item() / scale <= bound
+        # 7 tokens: dispatch + grouped GEMMs + combine; 2 tokens: the token GEMVs (small experts)
+        for T in (7, 2):
+            assert layer._runs_token_gemvs(T) == (T == 2)
+            out = layer(h[:T], logits[:T])
+            w, i = moe2cta.route(logits[:T], routing, backend="torch")
+            ref = moe2cta.moe_reference(h[:T], w13, w2, w, i, act, b13, b2, expert_map=expert_map,
+                                        router_weight_on=moe2cta.RouterWeightOn(weight_on), dtype=torch.float64)
+            same = moe2cta.moe_reference(h[:T], w13, w2, w, i, act, b13, b2, expert_map=expert_map,
+                                         router_weight_on=moe2cta.RouterWeightOn(weight_on), dtype=dtype)
+            scale = ref.abs().max().item()
+            err = (out.double() - ref).abs().max().item() / scale
+            bound = 2 * (same.double() - ref).abs().max().item() / scale + (1e-5 if dtype == torch.float32 else 1e-3)
+            assert out.dtype == dtype and err <= bound, (T, dtype, routing, err, bound)
+            ids_out = layer(h[:T], topk_weights=w, topk_ids=i)
+            assert (ids_out.double() - ref).abs().max().item() / scale <= bound
+    never = moe2cta.MoELayer(w13, w2, routing=routing, align=16, backend="triton", token_gemv_max_tokens=0)
+    assert not never._runs_token_gemvs(1)
+    for bad in (-1, 1.5, True):
+        try:
+            moe2cta.MoELayer(w13, w2, routing=routing, backend="triton", token_gemv_max_tokens=bad)
+        except ValueError as e:
+            assert str(e).startswith("token_gemv_max_tokens: expected an int >= 0 or None"), e
+        else:
+            raise AssertionError(bad)
     print("TRITON-OK", len(cases))
     """
 )

@@ -1,0 +1,188 @@
+"""The Triton layer's token-GEMV path against its grouped-GEMM path, side by side, at decode batch sizes.
+
+    python -m moe2cta.serving_bench.token_gemv_bench --models all --tokens 1 2 4 8 16 --json out.json
+    python -m moe2cta.serving_bench.token_gemv_bench --models qwen3-30b-a3b --tokens 1 --sweep
+
+For each model preset and token count T: one moe2cta.MoELayer per path on the same weights (Backend.TRITON
+with token_gemv_max_tokens = 0, the grouped GEMMs, and = T, the token GEMVs; plus the same pair on the
+packed w13 of an AUTO layer where AUTO splits, i.e. where the CuTe kernels load). Every layer is checked
+against the fp32 reference first (serving_bench.correctness), then timed by CUDA-graph replay over rotated
+inputs (each input routes to other experts, so no expert's weights stay in L2), all layers of a cell in one
+process. Prints median us, the ratio token / grouped, and the floor (weight bytes of the experts hit /
+copy bandwidth).
+
+--sweep times the two token-GEMV kernels alone over a few configs (rotated routings), per model at the
+first T, to check the default config.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import torch
+
+from moe2cta import Backend, MoELayer, is_supported
+from moe2cta.grouped_gemm import triton_token_gemv as tk
+from moe2cta.grouped_gemm.epilogue import GemmStage, W13Layout
+from moe2cta.presets import PRESETS, get_preset
+
+from .backends import make_expert_weights
+from .correctness import CheckStatus, check_output, make_reference
+from .floors import measure_ceilings, moe_floor
+from .routing_twin import route_twin
+from .timing import TimingConfig, rotation_count, time_callable
+
+__all__ = ["main"]
+
+# (block_n, block_k, num_warps); GEMV2's block_j is next_pow2(k)
+SWEEP_GEMV1 = ((8, 512, 4), (8, 512, 8), (8, 1024, 8), (16, 512, 8), (32, 256, 8), (16, 256, 4))
+SWEEP_GEMV2 = ((2, 512, 8), (4, 128, 4), (4, 256, 8), (8, 128, 8), (8, 256, 8), (16, 64, 8))
+
+
+def _layers(preset, weights, num_tokens: int) -> dict[str, MoELayer]:
+    common = dict(routing=preset.routing, activation=preset.activation, b13=weights.b13, b2=weights.b2,
+                  e_score_correction_bias=weights.e_score_correction_bias)
+    layers = {
+        "triton-grouped": MoELayer(weights.w13, weights.w2, backend=Backend.TRITON, token_gemv_max_tokens=0, **common),
+        "triton-token": MoELayer(weights.w13, weights.w2, backend=Backend.TRITON, token_gemv_max_tokens=num_tokens,
+                                 **common),
+    }
+    auto = MoELayer(weights.w13, weights.w2, backend=Backend.AUTO, token_gemv_max_tokens=0, **common)
+    if "packed_w13" in auto.prepared and auto.backend_for(num_tokens) is Backend.TRITON:
+        layers["packed-grouped"] = auto
+        layers["packed-token"] = MoELayer(weights.w13, weights.w2, backend=Backend.AUTO,
+                                          token_gemv_max_tokens=num_tokens, **common)
+    return layers
+
+
+def _inputs(preset, num_tokens: int, count: int, device, seed: int):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return [(torch.randn(num_tokens, preset.hidden, device=device, generator=gen).to(torch.bfloat16),
+             torch.randn(num_tokens, preset.num_experts, device=device, generator=gen))
+            for _ in range(count)]
+
+
+def bench_cell(preset, weights, num_tokens: int, ceilings, timing: TimingConfig, seed: int) -> dict:
+    device = weights.w13.device
+    bytes_per_input = num_tokens * (preset.hidden * 2 + preset.num_experts * 4)
+    inputs = _inputs(preset, num_tokens, max(4, rotation_count(bytes_per_input, timing)), device, seed)
+    hits = []
+    for hidden, logits in inputs:
+        routed = route_twin(logits, preset.routing, weights.e_score_correction_bias)
+        hits.append(float(torch.unique(routed.topk_ids).numel()))
+    floor = moe_floor(preset, num_tokens, sum(hits) / len(hits), ceilings)
+    hidden, logits = inputs[0]
+    routed = route_twin(logits, preset.routing, weights.e_score_correction_bias)
+    reference = make_reference(hidden, weights, routed, preset.activation)
+    row = {"model": preset.name, "tokens": num_tokens, "floor_us": floor.us, "layers": {}}
+    for name, layer in _layers(preset, weights, num_tokens).items():
+        verdict = check_output(layer(hidden, logits), reference, num_tokens, preset.hidden)
+        entry = {"check": verdict.status.value, "rel_err": verdict.rel_err, "tolerance": verdict.tolerance}
+        if verdict.status is CheckStatus.PASS:
+            result = time_callable(layer, inputs, device, timing)
+            entry.update(median_us=result.median_us, mode=result.mode.value)
+        row["layers"][name] = entry
+        del layer
+    return row
+
+
+def _kernel_inputs(preset, weights, num_tokens: int, count: int, seed: int):
+    device = weights.w13.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    sets = []
+    for _ in range(count):
+        logits = torch.randn(num_tokens, preset.num_experts, device=device, generator=gen)
+        routed = route_twin(logits, preset.routing, weights.e_score_correction_bias)
+        sets.append((torch.randn(num_tokens, preset.hidden, device=device, generator=gen).to(torch.bfloat16),
+                     routed.topk_ids.to(torch.int32).contiguous(), routed.topk_weights.float().contiguous()))
+    return sets
+
+
+def sweep_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int) -> list[dict]:
+    """Each GEMV kernel alone over SWEEP_* configs (the default first), rotated routings."""
+    device = weights.w13.device
+    sets = _kernel_inputs(preset, weights, num_tokens, 8, seed)
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    k = preset.top_k
+    a2s = [tk.token_gemv1(h, ids, weights.w13, preset.activation, b13=weights.b13) for h, ids, _ in sets]
+    rows = []
+    for stage, sweep in ((GemmStage.GEMM1, SWEEP_GEMV1), (GemmStage.GEMM2, SWEEP_GEMV2)):
+        n, kdim = (preset.intermediate, preset.hidden) if stage is GemmStage.GEMM1 else (preset.hidden, preset.intermediate)
+        problem = tk.TokenGemvProblem(stage, num_tokens, k, n, kdim, torch.bfloat16, num_sms)
+        block_j = 1 if stage is GemmStage.GEMM1 else 1 << (k - 1).bit_length()
+        configs = [tk.default_config(problem)] + [tk.TokenGemvConfig(block_j, bn, bk, nw) for bn, bk, nw in sweep]
+        for index, config in enumerate(configs):
+            if not tk.can_implement(config, problem)[0]:
+                continue
+            if stage is GemmStage.GEMM1:
+                fn = lambda h, ids, w, a2, c=config: tk.token_gemv1(h, ids, weights.w13, preset.activation,
+                                                                  b13=weights.b13, config=c)
+            else:
+                fn = lambda h, ids, w, a2, c=config: tk.token_gemv2_combine(a2, ids, weights.w2, w, b2=weights.b2,
+                                                                          out_dtype=torch.bfloat16, config=c)
+            inputs = [(h, ids, w, a2) for (h, ids, w), a2 in zip(sets, a2s)]
+            result = time_callable(fn, inputs, device, timing)
+            rows.append({"model": preset.name, "tokens": num_tokens, "stage": stage.value, "default": index == 0,
+                         "config": dataclasses.asdict(config), "median_us": result.median_us})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["all"], help="preset names or 'all'")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--sweep", action="store_true", help="also time each GEMV kernel over a few configs")
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("token_gemv_bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if any(t < 1 for t in args.tokens):
+        parser.error(f"--tokens: expected ints >= 1, got {args.tokens}")
+    names = sorted(PRESETS) if args.models == ["all"] else args.models
+    presets = [get_preset(name) for name in names]
+    device = torch.device("cuda")
+    ceilings = measure_ceilings(device)
+    timing = TimingConfig()
+    rows, sweeps = [], []
+    for preset in presets:
+        weights = make_expert_weights(preset, device, seed=args.seed)
+        ok, reason = is_supported("triton", torch.empty(1, preset.hidden, dtype=torch.bfloat16, device=device),
+                                  weights.w13, weights.w2, routing=preset.routing)
+        if not ok:
+            print(f"{preset.name}: triton unsupported: {reason}")
+            continue
+        for num_tokens in args.tokens:
+            row = bench_cell(preset, weights, num_tokens, ceilings, timing, args.seed + num_tokens)
+            rows.append(row)
+            layers = row["layers"]
+            cells = " ".join(f"{name} {v.get('median_us', float('nan')):8.1f}" if v["check"] == "pass"
+                             else f"{name} FAIL({v['rel_err']:.1e})" for name, v in layers.items())
+            ratios = []
+            for prefix in ("triton", "packed"):
+                g, t = layers.get(f"{prefix}-grouped", {}), layers.get(f"{prefix}-token", {})
+                if "median_us" in g and "median_us" in t:
+                    ratios.append(f"{prefix} token/grouped {t['median_us'] / g['median_us']:.3f}")
+            print(f"{preset.name:16s} T={num_tokens:<5d} floor {row['floor_us']:8.1f} | {cells} | {'; '.join(ratios)}",
+                  flush=True)
+        if args.sweep:
+            for r in sweep_cell(preset, weights, args.tokens[0], timing, args.seed):
+                sweeps.append(r)
+                c = r["config"]
+                print(f"  sweep {r['model']:16s} T={r['tokens']} {r['stage']} j{c['block_j']} n{c['block_n']} "
+                      f"k{c['block_k']} w{c['num_warps']}{' (default)' if r['default'] else ''}: {r['median_us']:.1f} us",
+                      flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ceilings": dataclasses.asdict(ceilings) if dataclasses.is_dataclass(ceilings) else str(ceilings),
+                       "cells": rows, "sweep": sweeps}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
