@@ -409,7 +409,7 @@ def _combine_gpu(layer: "MoELayer", y, disp, topk_weights, hidden):
 
 def _forward_triton_tokens(layer: "MoELayer", hidden, topk_weights, topk_ids):
     """A batch of a few tokens: GEMV1 per (token, expert) slot, then GEMV2 with the combine, from topk_ids."""
-    gemv = _optional_module("grouped_gemm.triton_token_gemv")[0]
+    gemv = layer._token_gemv  # the module, looked up once when the layer was built
     on_input = layer.config.router_weight_on is RouterWeightOn.INPUT
     packed = layer.prepared.get("packed_w13")
     w13, layout = (layer.w13, W13Layout.GATE_THEN_UP) if packed is None else (packed, W13Layout.CHUNKED)
