@@ -72,7 +72,7 @@ __all__ = [
 # 0.70 / 0.79 / 0.88 / 0.96 at T = 1 / 2 / 4 / 8; qwen3-235b-a22b (38 MB) 0.87 / 0.92 / 0.96 / 1.05;
 # gpt-oss-120b (50 MB) 0.96 / 0.98 / 1.06; deepseek-v3 (88 MB) 0.96 / 0.99 / 1.00 / 1.05; mixtral-8x7b
 # (352 MB) 1.01 / 1.02 / 1.22.
-TOKEN_GEMV_LIMITS = ((40 << 20, 4), (128 << 20, 2))
+TOKEN_GEMV_LIMITS = ((16 << 20, 8), (40 << 20, 4), (128 << 20, 2))
 TOKEN_GEMV_MAX_TOKENS = max(tokens for _, tokens in TOKEN_GEMV_LIMITS)
 MAX_TOP_K = 64
 # Default tiles (block_n, block_k, num_warps): the best or within 8% of it for every model preset at T=1 in

@@ -514,7 +514,7 @@ class MoELayer:
     e_score_correction_bias [E_g] (DeepSeek-V3 routing), expert_map [E_g] (global -> local id or -1).
     routing may be None when the layer is only ever called with precomputed (topk_weights, topk_ids).
     token_gemv_max_tokens: which TRITON batches run the token GEMVs (no dispatch, no combine launch). None:
-    where grouped_gemm.triton_token_gemv.token_gemv_applies (1-4 tokens, fewer for larger experts, none for
+    where grouped_gemm.triton_token_gemv.token_gemv_applies (1-8 tokens, fewer for larger experts, none for
     experts over 128 MB; measured on an H200); an int n: every batch of 1..n tokens; 0: never.
     `plan` says which backend runs a batch (`backend_for(num_tokens)`); `backend` is the one of decode-sized
     batches and `prefill_backend` that of larger ones (the same unless AUTO split them); `backend_reason` says

@@ -122,7 +122,7 @@ dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_seco
             --routing ${PREFILL_ROUTING:-random} --padding ${PREFILL_PADDING:-random}
     done ;;
 token-gemv)  # the Triton layer's token GEMVs beside its grouped GEMMs at decode sizes (+ kernel config sweep at T=1)
-    step token-gemv 300 python3 -m moe2cta.serving_bench.token_gemv_bench --models all --tokens ${GEMV_TOKENS:-1 2 4 8 16} \
+    step token-gemv 300 python3 -m moe2cta.serving_bench.token_gemv_bench --models ${GEMV_MODELS:-all} --tokens ${GEMV_TOKENS:-1 2 4 8 16} \
         ${GEMV_SWEEP:+--sweep} --json "$out/token-gemv.json" ;;
 token-gemv-tests)
     step token-gemv-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" \

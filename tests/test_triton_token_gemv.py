@@ -164,10 +164,12 @@ def test_default_config_and_can_implement():
     odd = tk.TokenGemvProblem(GemmStage.GEMM1, 1, 2, 20, 64, torch.bfloat16, 132, W13Layout.CHUNKED)
     assert "I % 8" in tk.can_implement(tk.TokenGemvConfig(1, 8, 64), odd)[1]
     qwen3_30b, deepseek, mixtral = (3 * h * i * 2 for h, i in ((2048, 768), (7168, 2048), (4096, 14336)))
-    assert [tk.token_gemv_applies(t, qwen3_30b) for t in (0, 1, 4, 5)] == [False, True, True, False]
+    qwen3_235b = 3 * 4096 * 1536 * 2
+    assert [tk.token_gemv_applies(t, qwen3_30b) for t in (0, 1, 8, 9)] == [False, True, True, False]
+    assert [tk.token_gemv_applies(t, qwen3_235b) for t in (4, 5)] == [True, False]
     assert [tk.token_gemv_applies(t, deepseek) for t in (1, 2, 3)] == [True, True, False]
     assert not tk.token_gemv_applies(1, mixtral)  # 352 MB experts: the grouped GEMM streams them as fast
-    assert tk.TOKEN_GEMV_MAX_TOKENS == 4
+    assert tk.TOKEN_GEMV_MAX_TOKENS == 8
 
 
 def test_argument_errors():
