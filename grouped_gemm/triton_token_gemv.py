@@ -120,8 +120,7 @@ class TokenGemvConfig:
     block_j: int  # slots of one token per program (GEMV2: >= top_k, the combine is in-program)
     block_n: int  # output columns per program
     block_k: int  # reduction step
-    num_warps: int = 4
-    num_stages: int = 2
+    num_warps: int = 4  # (no num_stages: the K loop's two-deep register pipeline is written in the kernel)
 
     def tile_elements(self, problem: TokenGemvProblem) -> int:
         return self.block_j * problem.weight_rows * self.block_n * self.block_k
@@ -146,8 +145,8 @@ def can_implement(config: TokenGemvConfig, problem: TokenGemvProblem) -> tuple[b
             return False, f"{name} {getattr(config, name)} is not a power of two"
     if config.block_k < 16:
         return False, f"block_k {config.block_k} < 16"
-    if config.num_warps not in (1, 2, 4, 8, 16) or config.num_stages < 1:
-        return False, f"num_warps {config.num_warps} / num_stages {config.num_stages} out of range"
+    if config.num_warps not in (1, 2, 4, 8, 16):
+        return False, f"num_warps {config.num_warps} not in (1, 2, 4, 8, 16)"
     if problem.stage is GemmStage.GEMM2 and config.block_j < problem.top_k:
         return False, f"block_j {config.block_j} < top_k {problem.top_k}: GEMV2 sums all slots of a token in one program"
     if problem.chunked:
@@ -415,7 +414,7 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
         W13_CHUNK=GATE_UP_CHUNK if problem.chunked else 0, EVEN_K=k_dim % config.block_k == 0,
         DEPENDENT_LAUNCH=dependent, launch_pdl=dependent,
         BLOCK_J=config.block_j, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=1,  # a loop without a dot: Triton's pipeliner does nothing
     )
     return out
 

@@ -383,7 +383,7 @@ _TRITON_SCRIPT = textwrap.dedent(
     import torch, moe2cta
     from moe2cta import Activation, RoutingConfig, Scoring
     torch.manual_seed(0)
-    T, H, I, E = 7, 64, 32, 8
+    T, H, I, E = 11, 64, 32, 8
     cases = [
         (torch.float32, RoutingConfig(top_k=2), Activation.SWIGLU, False, "output", None),
         (torch.float16, RoutingConfig(top_k=4, scoring=Scoring.TOPK_SOFTMAX), Activation.SWIGLU_OAI, True, "output", None),
@@ -405,8 +405,8 @@ _TRITON_SCRIPT = textwrap.dedent(
         layer = moe2cta.MoELayer(w13, w2, routing=routing, activation=act, b13=b13, b2=b2, router_weight_on=weight_on,
                                  expert_map=expert_map, align=16, backend="triton")
         assert layer.backend is moe2cta.Backend.TRITON
-        # 7 tokens: dispatch + grouped GEMMs + combine; 2 tokens: the token GEMVs (small experts)
-        for T in (7, 2):
+        # 11 tokens: dispatch + grouped GEMMs + combine; 2 tokens: the token GEMVs (small experts: up to 8)
+        for T in (11, 2):
             assert layer._runs_token_gemvs(T) == (T == 2)
             out = layer(h[:T], logits[:T])
             w, i = moe2cta.route(logits[:T], routing, backend="torch")

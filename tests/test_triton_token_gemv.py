@@ -232,7 +232,7 @@ for n in names:
         sig[n] = "i32"
 attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t != "constexpr" and n != "num_tokens"}
 src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2,
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1,
                                                                     "launch_pdl": True})
 ptx = k.asm["ptx"]
 with tempfile.TemporaryDirectory() as tmp:
