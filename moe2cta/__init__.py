@@ -6,6 +6,7 @@ units) and combine, behind one small API:
     import moe2cta
     out = moe2cta.fused_moe(hidden, w13, w2, router_logits, routing=moe2cta.RoutingConfig(top_k=8))
     layer = moe2cta.MoELayer(w13, w2, routing=..., backend="auto")   # weights prepared once
+    layer = moe2cta.MoELayer(moe2cta.pack_gate_up_rows(w13), w2, routing=..., w13_layout="chunked")  # one copy
     ok, reason = moe2cta.is_supported("cute", hidden, w13, w2)
 
 Importing moe2cta needs neither a GPU nor the CuTe DSL: kernels are imported and built when first used.
@@ -13,6 +14,7 @@ Importing moe2cta needs neither a GPU nor the CuTe DSL: kernels are imported and
 from .api import BackendPlan, MoELayer, fused_moe, is_supported, route
 from .config import Backend, IdCheck, MoEConfig
 from .grouped_gemm import Activation
+from .grouped_gemm.epilogue import W13Layout, pack_gate_up_rows, unpack_gate_up_rows
 from .reference import RouterWeightOn, moe_forward_reference, moe_reference
 from .router import RoutingConfig, Scoring
 
@@ -28,10 +30,13 @@ __all__ = [
     "RouterWeightOn",
     "RoutingConfig",
     "Scoring",
+    "W13Layout",
     "fused_moe",
     "is_supported",
     "moe_forward_reference",
     "moe_reference",
+    "pack_gate_up_rows",
     "route",
+    "unpack_gate_up_rows",
     "__version__",
 ]

@@ -46,9 +46,9 @@ import os
 import torch
 
 from . import tuning
-from .config import Backend, IdCheck, MoEConfig
+from .config import Backend, IdCheck, MoEConfig, parse_w13_layout
 from .grouped_gemm import Activation, GemmStage
-from .grouped_gemm.epilogue import W13Layout, pack_gate_up_rows
+from .grouped_gemm.epilogue import GATE_UP_CHUNK, W13Layout, pack_gate_up_rows, unpack_gate_up_rows
 from .reference import RouterWeightOn, moe_forward_reference
 from .router import RoutingConfig, Scoring
 from .router.reference import route_reference
@@ -151,8 +151,10 @@ def _layer_support(
     num_experts: int,
     num_global_experts: int,
     config: MoEConfig,
+    w13_layout: W13Layout = W13Layout.GATE_THEN_UP,
 ) -> tuple[bool, str]:
-    """Whether `backend` (not AUTO) can run a layer with these static facts; the reason names what is off."""
+    """Whether `backend` (not AUTO) can run a layer with these static facts; the reason names what is off.
+    w13_layout: the row order the Triton GEMM1 reads (the CuTe families always read CHUNKED)."""
     if backend is Backend.TORCH:
         return True, ""
     name = backend.value
@@ -207,7 +209,8 @@ def _layer_support(
             return False, f"{name}: {reason}"
         rows = max(1, num_experts)  # bucket of one row per expert: a static, representative problem
         for stage, n, k in ((GemmStage.GEMM1, intermediate, hidden), (GemmStage.GEMM2, hidden, intermediate)):
-            problem = gemm.GroupedGemmProblem(stage, num_experts, n, k, rows, dtype, tuple(config.tile_heights))
+            problem = gemm.GroupedGemmProblem(stage, num_experts, n, k, rows, dtype, tuple(config.tile_heights),
+                                              w13_layout=w13_layout)
             ok, why = gemm.can_implement(gemm.default_config(problem), problem)
             if not ok:
                 return False, f"{name}: {stage.value} (N={n}, K={k}): {why}"
@@ -268,7 +271,8 @@ def _select_backend(requested: Backend, **facts) -> tuple[BackendPlan, str]:
         else:
             skipped.append(reason)
     if supported == [Backend.TRITON, Backend.CUTE] and (
-            torch.cuda.get_device_capability(facts["device"]) in AUTO_SPLIT_CAPABILITIES):
+            torch.cuda.get_device_capability(facts["device"]) in AUTO_SPLIT_CAPABILITIES) and (
+            _layer_support(Backend.TRITON, **{**facts, "w13_layout": W13Layout.CHUNKED})[0]):  # the shared packed w13
         plan = BackendPlan(Backend.TRITON, Backend.CUTE, AUTO_DECODE_MAX_ROWS_PER_EXPERT)
         return plan, (f"auto -> triton up to {AUTO_DECODE_MAX_ROWS_PER_EXPERT} rows per expert (T * top_k / E), "
                       "cute above; both on one packed w13")
@@ -356,9 +360,12 @@ def route(
 def _forward_torch(layer: "MoELayer", hidden, topk_weights, topk_ids, disp=None):
     del disp  # the twin pipeline builds its own dispatch
     config = layer.config
+    # The twin reads the public layout; a layer handed a packed w13 unpacks it per call (a temporary, so the
+    # layer still holds one copy).
+    w13 = layer.w13 if layer.w13_layout is W13Layout.GATE_THEN_UP else unpack_gate_up_rows(layer.w13)
     return moe_forward_reference(
         hidden,
-        layer.w13,
+        w13,
         layer.w2,
         None,
         config.routing,
@@ -407,12 +414,20 @@ def _combine_gpu(layer: "MoELayer", y, disp, topk_weights, hidden):
     return api.combine(y, disp, weights, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend())
 
 
+def _kernel_w13(layer: "MoELayer") -> tuple[torch.Tensor, W13Layout]:
+    """The w13 the Triton kernels read, and its layout: the packed w13 of a layer that also runs CUTE (or was
+    handed w13 packed), else w13 as given. Both Triton kernel families read either layout."""
+    packed = layer.prepared.get("packed_w13")
+    if packed is not None:
+        return packed, W13Layout.CHUNKED
+    return layer.w13, layer.w13_layout
+
+
 def _forward_triton_tokens(layer: "MoELayer", hidden, topk_weights, topk_ids):
     """A batch of a few tokens: GEMV1 per (token, expert) slot, then GEMV2 with the combine, from topk_ids."""
     gemv = layer._token_gemv  # the module, looked up once when the layer was built
     on_input = layer.config.router_weight_on is RouterWeightOn.INPUT
-    packed = layer.prepared.get("packed_w13")
-    w13, layout = (layer.w13, W13Layout.GATE_THEN_UP) if packed is None else (packed, W13Layout.CHUNKED)
+    w13, layout = _kernel_w13(layer)
     a2 = gemv.token_gemv1(hidden, topk_ids, w13, layer.config.activation, b13=layer.b13,
                           topk_weights=topk_weights if on_input else None, expert_map=layer.expert_map,
                           w13_layout=layout)
@@ -434,9 +449,7 @@ def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         a = hidden
         a_rows = disp.sorted_slots
     heights = tuple(disp.tile_heights)
-    # A layer that also runs CUTE holds w13 packed once (W13Layout.CHUNKED) and the Triton kernel reads that.
-    packed = layer.prepared.get("packed_w13")
-    w13, layout = (layer.w13, W13Layout.GATE_THEN_UP) if packed is None else (packed, W13Layout.CHUNKED)
+    w13, layout = _kernel_w13(layer)
     a2 = gemm.triton_grouped_gemm1(
         a, w13, disp.row_offsets, disp.counts, disp.tile_offsets, config.activation,
         b13=layer.b13, a_rows=a_rows, tile_heights=heights, a_rows_per_source=top_k if a_rows is not None else 1,
@@ -449,11 +462,13 @@ def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
 
 
 def _prepare_cute(layer: "MoELayer") -> dict:
-    """Pack w13 (W13Layout.CHUNKED, for the fused activation) once at load; the caller's w13 is kept as given.
+    """w13 in W13Layout.CHUNKED (for the fused activation): packed once here from the public layout (a second
+    copy beside the caller's), or the caller's own tensor when the layer was handed it packed (no copy).
     b13 stays public: the CuTe family packs it per call (a few KB), the Triton kernel reads it as is."""
     capability = torch.cuda.get_device_capability(layer.w13.device)
     module = _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")[0]
-    return {"module": module, "packed_w13": pack_gate_up_rows(layer.w13)}
+    packed = layer.w13 if layer.w13_layout is W13Layout.CHUNKED else pack_gate_up_rows(layer.w13)
+    return {"module": module, "packed_w13": packed}
 
 
 def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
@@ -512,6 +527,11 @@ class MoELayer:
 
     w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], optional biases b13 [E, 2I], b2 [E, H],
     e_score_correction_bias [E_g] (DeepSeek-V3 routing), expert_map [E_g] (global -> local id or -1).
+    w13_layout: the row order of the w13 given. GATE_THEN_UP (the public layout above): a layer that runs
+    CUTE packs a second copy once. CHUNKED: w13 is already packed (moe2cta.pack_gate_up_rows(w13_public)), and
+    the layer holds that one tensor: every GPU kernel reads it as is (the Triton GEMM1 on it is also the
+    faster one at prefill), the TORCH twin unpacks a temporary per call. I must then be a multiple of
+    GATE_UP_CHUNK (8). b13 stays in the public order either way.
     routing may be None when the layer is only ever called with precomputed (topk_weights, topk_ids).
     token_gemv_max_tokens: which TRITON batches run the token GEMVs (no dispatch, no combine launch). None:
     where grouped_gemm.triton_token_gemv.token_gemv_applies (1-8 tokens, fewer for larger experts, none for
@@ -538,11 +558,16 @@ class MoELayer:
         id_check: IdCheck | str = IdCheck.AUTO,
         tuning_cache: "tuning.TuningCache | str | os.PathLike | None" = None,
         token_gemv_max_tokens: int | None = None,
+        w13_layout: W13Layout | str = W13Layout.GATE_THEN_UP,
     ):
         if routing is not None and not isinstance(routing, RoutingConfig):
             raise TypeError(f"routing: expected a RoutingConfig or None, got {type(routing).__name__}")
         self.config = MoEConfig(routing, activation, router_weight_on, align)
+        self.w13_layout = parse_w13_layout(w13_layout)
         num_experts, intermediate, hidden, num_global = check_weights(w13, w2, b13, b2, expert_map)
+        if self.w13_layout is W13Layout.CHUNKED and intermediate % GATE_UP_CHUNK:
+            raise ValueError(f"w13: w13_layout=chunked needs I a multiple of {GATE_UP_CHUNK} (w13 [E, 2I, H] packed by "
+                             f"pack_gate_up_rows), got I={intermediate}")
         if e_score_correction_bias is not None:
             if routing is None or routing.scoring is not Scoring.SIGMOID_GROUPED:
                 raise ValueError("e_score_correction_bias: only used by routing with scoring=SIGMOID_GROUPED")
@@ -572,6 +597,7 @@ class MoELayer:
             num_experts=num_experts,
             num_global_experts=num_global,
             config=self.config,
+            w13_layout=self.w13_layout,
         )
         if tuning_cache is None or isinstance(tuning_cache, tuning.TuningCache):
             self.tuning_cache = tuning_cache
@@ -623,6 +649,7 @@ class MoELayer:
         backends = "/".join(b.value for b in self.plan.backends)
         return (
             f"MoELayer(E={self.num_experts}, H={self.hidden_size}, I={self.intermediate}, dtype={self.w13.dtype}, "
+            f"w13_layout={self.w13_layout.value}, "
             f"backend={backends}, reason={self.backend_reason!r})"
         )
 
@@ -711,11 +738,13 @@ def fused_moe(
     align: int = 128,
     backend: Backend | str = Backend.AUTO,
     id_check: IdCheck | str = IdCheck.AUTO,
+    w13_layout: W13Layout | str = W13Layout.GATE_THEN_UP,
 ) -> torch.Tensor:
     """One MoE forward: out[t] = sum_j w[t, j] * expert_{ids[t, j]}(hidden[t]) -> [T, H] in hidden's dtype.
 
     Pass router_logits [T, E_g] with routing, or precomputed topk_weights / topk_ids [T, k]. Arguments as in
-    MoELayer. fused_moe prepares the weights on every call (CUTE packs w13): build a MoELayer once to serve.
+    MoELayer. fused_moe prepares the weights on every call (CUTE packs a public w13; pass it packed with
+    w13_layout="chunked" to skip that): build a MoELayer once to serve.
     AUTO runs the backend its plan picks for this batch and prepares only that one's weights.
     """
     # Shape / dtype / device checks first, so a bad input is reported as such before any backend choice.
@@ -739,6 +768,7 @@ def fused_moe(
         plan, _ = _select_backend(
             Backend.AUTO, dtype=w13.dtype, device=w13.device, hidden=hidden_size, intermediate=intermediate,
             num_experts=num_experts, num_global_experts=num_global, config=config,
+            w13_layout=parse_w13_layout(w13_layout),
         )
         top_k = topk_ids.shape[1] if topk_ids is not None else routing.top_k
         backend = plan.for_batch(hidden.shape[0], top_k, num_global)
@@ -755,5 +785,6 @@ def fused_moe(
         align=align,
         backend=backend,
         id_check=id_check,
+        w13_layout=w13_layout,
     )
     return layer(hidden, router_logits, topk_weights=topk_weights, topk_ids=topk_ids)

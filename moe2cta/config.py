@@ -11,6 +11,7 @@ import dataclasses
 import enum
 
 from .grouped_gemm import Activation
+from .grouped_gemm.epilogue import W13Layout
 from .reference import RouterWeightOn
 from .router import RoutingConfig, Scoring
 from .router.reference import DEFAULT_TILE_HEIGHTS
@@ -23,7 +24,9 @@ __all__ = [
     "RouterWeightOn",
     "RoutingConfig",
     "Scoring",
+    "W13Layout",
     "DEFAULT_TILE_HEIGHTS",
+    "parse_w13_layout",
 ]
 
 
@@ -74,6 +77,11 @@ class IdCheck(enum.Enum):
     @classmethod
     def parse(cls, value: "IdCheck | str") -> "IdCheck":
         return _parse_enum(cls, value, "id_check")
+
+
+def parse_w13_layout(value: "W13Layout | str") -> W13Layout:
+    """The row order of a w13 handed to the layer: GATE_THEN_UP (public) or CHUNKED (pack_gate_up_rows)."""
+    return _parse_enum(W13Layout, value, "w13_layout")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -496,16 +496,3 @@ def route_variant(logits, config, e_score_correction_bias=None, *, key_packing: 
         raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {num_warps}")
     return launch_route(logits, config, e_score_correction_bias, key_packing_code=KEY_PACKING_CODES[packing],
                         block_t=block_t, num_warps=num_warps)
-    auto_t, block_e, auto_warps = route_launch_params(num_tokens, num_experts, _num_sms(logits.device))
-    block_t = auto_t if block_t is None else block_t
-    num_warps = auto_warps if num_warps is None else num_warps
-    if block_t < 1 or block_t & (block_t - 1):
-        raise ValueError(f"block_t: expected a power of two, got {block_t}")
-    if num_warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {num_warps}")
-    bias = e_score_correction_bias if e_score_correction_bias is not None else weights
-    jit_functions().route_kernel[(-(-num_tokens // block_t),)](
-        logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
-        BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps, KEY_PACKING=KEY_PACKING_CODES[packing], **meta,
-    )
-    return weights, ids

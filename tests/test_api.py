@@ -429,6 +429,24 @@ _TRITON_SCRIPT = textwrap.dedent(
             assert str(e).startswith("token_gemv_max_tokens: expected an int >= 0 or None"), e
         else:
             raise AssertionError(bad)
+    # w13 handed over packed (w13_layout="chunked"): both Triton paths read it as is, same bound
+    routing, act = RoutingConfig(top_k=2), Activation.SWIGLU_OAI
+    h = torch.randn(11, H)
+    w13 = torch.randn(E, 2 * I, H) / H ** 0.5
+    w2 = torch.randn(E, H, I) / I ** 0.5
+    b13, b2 = torch.randn(E, 2 * I) * 0.1, torch.randn(E, H) * 0.1
+    logits = torch.randn(11, E)
+    packed = moe2cta.MoELayer(moe2cta.pack_gate_up_rows(w13), w2, routing=routing, activation=act, b13=b13, b2=b2,
+                              align=16, backend="triton", w13_layout="chunked")
+    assert moe2cta.api._kernel_w13(packed) == (packed.w13, moe2cta.W13Layout.CHUNKED)
+    for T in (11, 2):
+        w, i = moe2cta.route(logits[:T], routing, backend="torch")
+        ref = moe2cta.moe_reference(h[:T], w13, w2, w, i, act, b13, b2, dtype=torch.float64)
+        same = moe2cta.moe_reference(h[:T], w13, w2, w, i, act, b13, b2, dtype=torch.float32)
+        scale = ref.abs().max().item()
+        err = (packed(h[:T], logits[:T]).double() - ref).abs().max().item() / scale
+        bound = 2 * (same.double() - ref).abs().max().item() / scale + 1e-5
+        assert err <= bound, ("chunked", T, err, bound)
     print("TRITON-OK", len(cases))
     """
 )
@@ -526,6 +544,72 @@ def test_gpu_hot_path_has_no_host_sync_and_replays_in_a_graph(backend, num_token
     want = moe_reference(hidden, layer["w13"], layer["w2"], weights, ids, dtype=torch.float64)
     same = moe_reference(hidden, layer["w13"], layer["w2"], weights, ids, dtype=torch.bfloat16)
     assert rel_err(static_out, want) <= 2 * rel_err(same, want) + 1e-3
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_packed_w13_handed_to_the_layer(variant):
+    """w13_layout="chunked": the layer takes w13 already packed (one copy) and computes what the public layout
+    does; the TORCH twin unpacks it per call, so the outputs are identical."""
+    _, routing, activation, bias, weight_on = variant
+    layer = make(11, 32, 16, 8, bias=bias, seed=5)
+    corr = torch.linspace(-0.1, 0.1, 8) if routing.scoring is Scoring.SIGMOID_GROUPED else None
+    common = dict(routing=routing, activation=activation, router_weight_on=weight_on, b13=layer.get("b13"),
+                  b2=layer.get("b2"), e_score_correction_bias=corr, backend="torch")
+    packed = moe2cta.pack_gate_up_rows(layer["w13"])
+    assert torch.equal(moe2cta.unpack_gate_up_rows(packed), layer["w13"])
+    public_layer = MoELayer(layer["w13"], layer["w2"], **common)
+    packed_layer = MoELayer(packed, layer["w2"], w13_layout="chunked", **common)
+    assert packed_layer.w13 is packed and packed_layer.w13_layout is moe2cta.W13Layout.CHUNKED
+    assert "w13_layout=chunked" in repr(packed_layer)
+    want = public_layer(layer["hidden"], layer["logits"])
+    assert torch.equal(packed_layer(layer["hidden"], layer["logits"]), want)
+    got = fused_moe(layer["hidden"], packed, layer["w2"], layer["logits"], w13_layout=moe2cta.W13Layout.CHUNKED,
+                    **common)
+    assert torch.equal(got, want)
+
+
+def test_packed_w13_argument_errors():
+    w13, w2 = torch.randn(4, 2 * 16, 32), torch.randn(4, 32, 16)
+    routing = RoutingConfig(top_k=2)
+    with pytest.raises(ValueError, match=r"^w13_layout: expected one of \['gate_then_up', 'chunked'\]"):
+        MoELayer(w13, w2, routing=routing, backend="torch", w13_layout="packed")
+    with pytest.raises(ValueError, match=r"^w13_layout: expected one of"):
+        fused_moe(torch.randn(3, 32), w13, w2, torch.randn(3, 4), routing=routing, w13_layout=2)
+    # I = 12 is not a whole number of 8-row gate / up chunks
+    with pytest.raises(ValueError, match=r"^w13: w13_layout=chunked needs I a multiple of 8 .* got I=12"):
+        MoELayer(torch.randn(4, 24, 32), torch.randn(4, 32, 12), routing=routing, backend="torch", w13_layout="chunked")
+    MoELayer(torch.randn(4, 24, 32), torch.randn(4, 32, 12), routing=routing, backend="torch")  # public: any I
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("backend", ["auto", "triton", "cute"])
+def test_gpu_packed_w13_layer_holds_one_copy(backend):
+    """A layer handed w13 packed allocates no second copy (a public one packs a copy where CUTE runs) and computes
+    bit for bit what the public layer computes (same kernels on the same packed bytes) on every path."""
+    layer = make(1024, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=23)
+    routing = RoutingConfig(top_k=4)
+    ok, reason = is_supported(backend, layer["hidden"], layer["w13"], layer["w2"], routing=routing)
+    if not ok:
+        pytest.skip(reason)
+    packed = moe2cta.pack_gate_up_rows(layer["w13"])
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    packed_layer = MoELayer(packed, layer["w2"], routing=routing, backend=backend, w13_layout="chunked")
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - before < packed.numel() * packed.element_size() // 4
+    w13_read, layout = moe2cta.api._kernel_w13(packed_layer)
+    assert w13_read is packed and layout is moe2cta.W13Layout.CHUNKED
+    public_layer = MoELayer(layer["w13"], layer["w2"], routing=routing, backend=backend)
+    for num_tokens in (1, 7, 128, 1024):  # token GEMVs, grouped Triton, and (auto, cute) the CuTe kernels
+        hidden, logits = layer["hidden"][:num_tokens], layer["logits"][:num_tokens]
+        got = packed_layer(hidden, logits)
+        if public_layer.prepared.get("packed_w13") is not None:  # both read packed bytes: identical
+            assert torch.equal(got, public_layer(hidden, logits)), (backend, num_tokens)
+        weights, ids = route(logits, routing, backend="torch")
+        args = (hidden, layer["w13"], layer["w2"], weights, ids)
+        want, same = moe_reference(*args, dtype=torch.float64), moe_reference(*args, dtype=torch.bfloat16)
+        assert rel_err(got, want) <= 2 * rel_err(same, want) + 1e-3, (backend, num_tokens)
 
 
 def test_layer_tuning_cache_argument(tmp_path):
