@@ -114,9 +114,20 @@ prefill-gemm)  # prefill-size GEMMs of every model: CuTe bundles side by side (E
 prefill-ncu)  # Nsight Compute: time, DRAM bytes, L2 hit rate, SM clock of the CuTe (NCU_VARIANTS) and Triton GEMMs
     for cell in ${NCU_CELLS:-qwen3-235b-a22b:8192 deepseek-v3:8192}; do
         # shellcheck disable=SC2086
-        step "ncu-${cell/:/-}${PREFILL_SUFFIX:-}" 150 ncu --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
-dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second \
+        step "ncu-${cell/:/-}${PREFILL_SUFFIX:-}" 150 ncu --clock-control none --csv --metrics "${NCU_METRICS:-gpu__time_duration.sum,\
+dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second}" \
             --kernel-name regex:"cute_backend|_grouped_gemm_kernel" \
+            python3 -m moe2cta.serving_bench.prefill_gemm_bench --profile --bundle "new=$kdir" \
+            --models "${cell%%:*}" --tokens "${cell##*:}" --variants ${NCU_VARIANTS:-default} \
+            --routing ${PREFILL_ROUTING:-random} --padding ${PREFILL_PADDING:-random}
+    done ;;
+prefill-ncu-stalls)  # Nsight Compute sections (speed of light, memory, warp states, scheduler) of the CuTe GEMMs in
+    # NCU_VARIANTS at NCU_CELLS: where the cycles of one variant go against another's
+    for cell in ${NCU_CELLS:-mixtral-8x7b:8192}; do
+        # shellcheck disable=SC2086
+        step "ncu-stalls-${cell/:/-}${PREFILL_SUFFIX:-}" 300 ncu --clock-control none --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+            --kernel-name regex:"cute_backend" \
             python3 -m moe2cta.serving_bench.prefill_gemm_bench --profile --bundle "new=$kdir" \
             --models "${cell%%:*}" --tokens "${cell##*:}" --variants ${NCU_VARIANTS:-default} \
             --routing ${PREFILL_ROUTING:-random} --padding ${PREFILL_PADDING:-random}

@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -328,10 +329,13 @@ def time_graph(fn, copies: int, replays: int = 20) -> float:
     return time_interleaved([fn], copies, replays)[0]
 
 
-def time_interleaved(fns, copies: int, rounds: int) -> list[float]:
+def time_interleaved(fns, copies: int, rounds: int, seed: int = 0) -> list[float]:
     """Median ms of one call per fn: one CUDA graph per fn holding `copies` calls (rotated inputs), the
-    graphs replayed in `rounds` interleaved rounds (A, B, C, A, B, C, ...: clocks drift with temperature
-    and power over a run, and interleaving gives every fn the same conditions)."""
+    graphs replayed in `rounds` interleaved rounds (clocks drift with temperature and power over a run, and
+    interleaving gives every fn the same conditions), each round in its own order (a permutation drawn from
+    `seed`): in a fixed order a fn always follows the same neighbour, and one that follows a power-hungry
+    kernel runs at lower clocks (the same CuTe kernel in first place, after dense cuBLAS, measured 1.5-6%
+    slower than in sixth place: results/pair-ncu-h200-2026-11-29/)."""
     stream = torch.cuda.Stream()
     graphs = []
     for fn in fns:
@@ -345,8 +349,12 @@ def time_interleaved(fns, copies: int, rounds: int) -> list[float]:
                 fn(c)
         graphs.append(graph)
     samples = [[] for _ in fns]
+    order = list(range(len(graphs)))
+    shuffle = random.Random(seed).shuffle
     for _ in range(rounds):
-        for g, graph in enumerate(graphs):
+        shuffle(order)
+        for g in order:
+            graph = graphs[g]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             graph.replay()
