@@ -82,6 +82,8 @@ RASTER_N = "along_n"  # consecutive units walk across the n-blocks of one m-bloc
 RASTER_GROUPED_M = "grouped_m"  # groups of raster_group_m m-blocks: m-blocks of a group, then the next n-block
 CONSUMERS_COOPERATIVE = "cooperative"  # the consumer warpgroups split the rows of every tile
 CONSUMERS_PINGPONG = "pingpong"  # two consumer warpgroups take alternate units (epilogue under the other's MMA)
+PADDING_MULTIPLY = "multiply"  # a consumer warpgroup whose 64 rows are all padding runs its MMAs anyway
+PADDING_SKIP = "skip"  # ... only waits on and releases the stages (COOPERATIVE 128-row tiles)
 
 
 class Sm90GroupedGemmKernel:
@@ -104,9 +106,11 @@ class Sm90GroupedGemmKernel:
         num_sms: int,
         consumers: str = CONSUMERS_COOPERATIVE,
         raster_group_m: int = 8,
+        padding_rows: str = PADDING_MULTIPLY,
     ):
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
         self.pingpong = consumers == CONSUMERS_PINGPONG
+        self.skip_padding = padding_rows == PADDING_SKIP
         self.stages = stages
         self.cluster_m = cluster_m
         self.epilogue = epilogue
@@ -458,6 +462,7 @@ class Sm90GroupedGemmKernel:
             if cutlass.const_expr(self.pingpong):
                 wg = cute.arch.make_warp_uniform(wg_idx - 1)
             ctidx = tidx - self.threads_per_wg - wg * self.threads_per_wg
+            wg_row0 = (ctidx // self.threads_per_wg) * 64  # COOPERATIVE: first tile row of this warpgroup
             thr_mma = tiled_mma.get_slice(ctidx)
             thr_out = out_tiled_mma.get_slice(ctidx)
             tCsA = thr_mma.partition_A(sA)
@@ -506,21 +511,40 @@ class Sm90GroupedGemmKernel:
                     acc.fill(0.0)
                     tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                     cute.nvgpu.warpgroup.fence()
-                    for k in cutlass.range(k_tiles, unroll=1):
-                        mainloop.consumer_wait(read_state)
-                        for kb in cutlass.range_constexpr(num_k_blocks):
-                            coord = (None, None, kb, read_state.index)
-                            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        if k > 0:
+                    multiplies = True
+                    if cutlass.const_expr(self.skip_padding):
+                        # this warpgroup's 64 rows start at wg_row0 of the tile; the valid rows of the tile's
+                        # expert end at valid_end (warpgroup-uniform: a dynamic branch)
+                        valid_end = s_rows[expert] + s_counts[expert] - m_block * self.tile_m
+                        multiplies = wg_row0 < valid_end
+                    if multiplies:
+                        for k in cutlass.range(k_tiles, unroll=1):
+                            mainloop.consumer_wait(read_state)
+                            # wgmma.fence before each K tile's MMAs (as CUTLASS does): where ptxas has to insert
+                            # it itself on a divergent path it serializes every wgmma (C7520; it did in the PAIR
+                            # kernels, tests/test_sm90_compile.py checks)
+                            cute.nvgpu.warpgroup.fence()
+                            for kb in cutlass.range_constexpr(num_k_blocks):
+                                coord = (None, None, kb, read_state.index)
+                                cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+                            cute.nvgpu.warpgroup.commit_group()
+                            cute.nvgpu.warpgroup.wait_group(1)
+                            if k > 0:
+                                mainloop.consumer_release(release_state)
+                                release_state.advance()
+                            read_state.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        if k_tiles > 0:
                             mainloop.consumer_release(release_state)
                             release_state.advance()
-                        read_state.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    if k_tiles > 0:
-                        mainloop.consumer_release(release_state)
-                        release_state.advance()
+                    else:
+                        # all 64 rows are padding: keep the stage phases in step (wait, then release, so an
+                        # arrival never counts toward a later fill of the stage), no MMAs; acc stays 0
+                        for k in cutlass.range(k_tiles, unroll=1):
+                            mainloop.consumer_wait(read_state)
+                            mainloop.consumer_release(release_state)
+                            release_state.advance()
+                            read_state.advance()
 
                     # ---- epilogue (CTA-uniform branch: every consumer thread takes the same one)
                     if has_valid:

@@ -29,12 +29,14 @@ __all__ = [
     "Raster",
     "Consumers",
     "Operands",
+    "PaddingRows",
     "Sm90GemmConfig",
     "Sm90Problem",
     "can_implement",
     "smem_bytes",
     "resolve_stages",
     "default_config",
+    "default_padding_rows",
     "regular_schedule",
     "swapped_config",
     "prepack_w13",
@@ -71,6 +73,16 @@ class Raster(enum.Enum):
 class Consumers(enum.Enum):
     COOPERATIVE = "cooperative"  # tile_m / 64 consumer warpgroups split the rows of every tile
     PINGPONG = "pingpong"  # two consumer warpgroups take alternate units: one's epilogue under the other's MMA
+
+
+class PaddingRows(enum.Enum):
+    """What a consumer warpgroup does with its 64 rows of a tile when all of them are padding (the last
+    m-block of an expert that holds at most 64 valid rows). COOPERATIVE 128-row tiles only."""
+
+    MULTIPLY = "multiply"  # runs its MMAs like any other warpgroup (the rows are stored but never read)
+    # waits on each stage and releases it without MMAs: the other warpgroup has the tensor cores to itself,
+    # so such a tile takes about half the MMA time
+    SKIP = "skip"
 
 
 class Operands(enum.Enum):
@@ -113,6 +125,7 @@ class Sm90GemmConfig:
     raster_group_m: int = 8  # m-blocks per raster group (Raster.GROUPED_M only)
     consumers: Consumers = Consumers.COOPERATIVE
     operands: Operands = Operands.TOKENS_AS_M
+    padding_rows: PaddingRows = PaddingRows.MULTIPLY
 
     @property
     def cluster_m(self) -> int:
@@ -220,6 +233,10 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
             return False, "raster: GROUPED_M is implemented for TOKENS_AS_M only"
         if not 1 <= config.raster_group_m <= 64:
             return False, f"raster_group_m: expected 1..64 m-blocks per group, got {config.raster_group_m}"
+    if config.padding_rows is PaddingRows.SKIP and (
+            swapped or config.consumers is not Consumers.COOPERATIVE or config.tile_m != 128):
+        return False, ("padding_rows: SKIP needs COOPERATIVE consumers on 128-row TOKENS_AS_M tiles (two warpgroups "
+                       "of 64 rows)")
     if config.pair_threshold < 0:
         return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
     stages = resolve_stages(config)
@@ -252,6 +269,15 @@ def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConf
         if can_implement(cfg, problem)[0]:
             return cfg
     return None
+
+
+def default_padding_rows(problem: Sm90Problem, tile_m: int, consumers: Consumers = Consumers.COOPERATIVE) -> PaddingRows:
+    """SKIP for GEMM2 on 128-row COOPERATIVE tiles, MULTIPLY otherwise. Measured on the H200 (five presets,
+    T = 2048 / 8192 / 32768, results/wgmma-fence-h200-2026-11-29/): GEMM2 with SKIP 0.972x the time of
+    MULTIPLY (geomean of 15 cells, 13 faster), GEMM1 1.015x (its padding halves: deepseek-v3 T=8192 1.13x)."""
+    if problem.kind is GemmStage.GEMM2 and tile_m == 128 and consumers is Consumers.COOPERATIVE:
+        return PaddingRows.SKIP
+    return PaddingRows.MULTIPLY
 
 
 def regular_schedule(work_unit: WorkUnit, rows_per_expert: float | None,
@@ -292,7 +318,7 @@ def default_config(
     scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler)
     for tile_n in (256, 192, 128, 64):
         cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=scheduler, raster=raster,
-                             raster_group_m=GROUPED_RASTER_GROUP_M)
+                             raster_group_m=GROUPED_RASTER_GROUP_M, padding_rows=default_padding_rows(problem, 128))
         if can_implement(cfg, problem)[0]:
             return cfg
     raise ValueError(f"problem: no sm90 configuration fits {problem}")
@@ -344,7 +370,8 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         extra=(("stages", resolve_stages(config)), ("sched", config.scheduler.value), ("raster", config.raster.value))
         + ((("group", config.raster_group_m),) if config.raster is Raster.GROUPED_M else ())
         + ((("consumers", config.consumers.value),) if config.consumers is not Consumers.COOPERATIVE else ())
-        + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ()),
+        + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ())
+        + ((("padding", config.padding_rows.value),) if config.padding_rows is not PaddingRows.MULTIPLY else ()),
     )
 
 
@@ -389,7 +416,7 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         from .cute_backend import Sm90GroupedGemmKernel
 
         kernel = Sm90GroupedGemmKernel(**common, cluster_m=config.cluster_m, consumers=config.consumers.value,
-                                       raster_group_m=config.raster_group_m)
+                                       raster_group_m=config.raster_group_m, padding_rows=config.padding_rows.value)
     options = f"--enable-tvm-ffi --gpu-arch {Arch.SM90.value}"
     dump_dir = None
     if keep_ptx:  # the compiler also writes the PTX to a file: keep that out of the working directory
@@ -596,6 +623,7 @@ def _config_json(config: Sm90GemmConfig) -> dict:
         "raster_group_m": config.raster_group_m,
         "consumers": config.consumers.value,
         "operands": config.operands.value,
+        "padding_rows": config.padding_rows.value,
     }
 
 

@@ -48,8 +48,8 @@ layer-cute-decode)  # decode cells, cute (swapped-operand kernels) beside triton
 racecheck)  # shared-memory hazards on small configs of every scheduling / unit / consumer variant
     step racecheck 150 compute-sanitizer --tool racecheck --racecheck-report hazard \
         python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
-        --routings random --only g1_swiglu_single g2_rowscale_pair g1_swiglu_dynamic g1_swiglu_grouped3_dynamic \
-        x_g2_rowscale_bias_pingpong_dynamic_many g1_swiglu_pair_dynamic g1_oai_bias_pair_dynamic_many ;;
+        --routings random --only ${RACECHECK_ONLY:-g1_swiglu_single g2_rowscale_pair g1_swiglu_dynamic g1_swiglu_grouped3_dynamic \
+        x_g2_rowscale_bias_pingpong_dynamic_many g1_swiglu_pair_dynamic g1_oai_bias_pair_dynamic_many} ;;
 tests)
     step tests 180 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_api.py" \
         "$repo/tests/test_serving_bench.py" "$repo/tests/test_triton_gemm.py" "$repo/tests/test_tuning.py" ;;

@@ -52,6 +52,7 @@ CHECK_E, CHECK_H, CHECK_I = 8, 256, 192
 def check_variants():
     """(name, config, problem) for the correctness tier, simplest first."""
     bf = torch.bfloat16
+    SKIP = s90.PaddingRows.SKIP
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
     single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
     dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
@@ -86,6 +87,15 @@ def check_variants():
         ("g2_rowscale_bias_pair_grouped3_dynamic_many", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, pair_threshold=1,
                                                             scheduler=s90.Scheduler.DYNAMIC,
                                                             raster=s90.Raster.GROUPED_M, raster_group_m=3), p2_bias),
+        # PaddingRows.SKIP: the warpgroup whose 64 rows of an expert's last m-block are all padding makes no
+        # MMAs ("_decode": every tile has at most 3 valid rows, so warpgroup 1 always skips)
+        ("g1_swiglu_skip_grouped3_dynamic", Cfg(tile_n=128, scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M,
+                                                raster_group_m=3, padding_rows=SKIP), p1),
+        ("g1_oai_bias_skip_dynamic_many", Cfg(tile_n=128, scheduler=s90.Scheduler.DYNAMIC, padding_rows=SKIP), p1_oai),
+        ("g2_rowscale_bias_skip_grouped3_dynamic_many", Cfg(tile_n=256, scheduler=s90.Scheduler.DYNAMIC,
+                                                            raster=s90.Raster.GROUPED_M, raster_group_m=3,
+                                                            padding_rows=SKIP), p2_bias),
+        ("g2_rowscale_skip_decode", Cfg(tile_n=256, padding_rows=SKIP), p2),
         # swapped operands (decode kernel): token tiles of 8..64 rows, weight tiles of 64..256 rows
         ("g1_swiglu_swapped16", swapped(16, 128), p1),
         ("g1_gelu_swapped64", swapped(64, 64, tile_k=64), p1_gelu),

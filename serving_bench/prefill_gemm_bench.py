@@ -55,8 +55,14 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
     the same tile (`--build` compiles the ones a preset bundle does not hold)."""
     base = s90.default_config(problem, s90.Scheduler.STATIC)
     rep = dataclasses.replace
+    default = s90.default_config(problem, rows_per_expert=rows_per_expert)
+    regular = default.operands is s90.Operands.TOKENS_AS_M
     return {
-        "default": s90.default_config(problem, rows_per_expert=rows_per_expert),
+        "default": default,
+        # the default with the other PaddingRows choice (the regular kernel's only)
+        "padding_flip": rep(default, padding_rows=s90.PaddingRows.MULTIPLY
+                            if default.padding_rows is s90.PaddingRows.SKIP else s90.PaddingRows.SKIP)
+        if regular else default,
         "static": base,
         "dynamic": rep(base, scheduler=DYN),
         "pair": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1),

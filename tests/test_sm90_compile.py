@@ -12,6 +12,8 @@ import json
 import multiprocessing
 import pathlib
 import re
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -24,6 +26,29 @@ from moe2cta.presets import PRESETS
 
 G1, G2 = GemmStage.GEMM1, GemmStage.GEMM2
 NEEDS_DSL = pytest.mark.skipif(not rt.dsl_available(), reason="nvidia-cutlass-dsl (CuTe DSL) is not installed")
+
+
+def _ptxas() -> str | None:
+    """The ptxas Triton ships (every install of the project has it), else one on PATH."""
+    try:
+        import triton.backends.nvidia as nvidia_backend
+    except ImportError:
+        nvidia_backend = None
+    if nvidia_backend is not None:
+        bundled = pathlib.Path(nvidia_backend.__file__).parent / "bin" / "ptxas"
+        if bundled.is_file():
+            return str(bundled)
+    return shutil.which("ptxas")
+
+
+def _ptxas_report(ptx: str, tmp_path) -> str:
+    """ptxas -v of one kernel's PTX for sm_90a: the compiler's info lines (registers, spills, C75xx notes)."""
+    source, cubin = tmp_path / "kernel.ptx", tmp_path / "kernel.cubin"
+    source.write_text(ptx)
+    done = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", str(source), "-o", str(cubin)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stderr
 
 
 # ---------------------------------------------------------------------------------------------- host side
@@ -160,6 +185,21 @@ def test_grouped_raster_limits_and_key():
     assert s90.kernel_key(along_n, p1) == s90.kernel_key(dataclasses.replace(along_n, raster_group_m=3), p1)
 
 
+def test_padding_rows_limits_and_key():
+    """PaddingRows.SKIP splits a 128-row tile between two COOPERATIVE warpgroups; it is a key part only when set."""
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    skip = s90.Sm90GemmConfig(scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M,
+                              padding_rows=s90.PaddingRows.SKIP)
+    assert s90.can_implement(skip, p1) == (True, "")
+    for bad in (dataclasses.replace(skip, tile_m=64), dataclasses.replace(skip, tile_n=128, consumers=s90.Consumers.PINGPONG),
+                dataclasses.replace(skip, tile_m=16, tile_n=128, raster=s90.Raster.ALONG_N,
+                                    operands=s90.Operands.WEIGHTS_AS_M)):
+        ok, why = s90.can_implement(bad, p1)
+        assert not ok and why.startswith("padding_rows: SKIP needs COOPERATIVE"), why
+    multiply = dataclasses.replace(skip, padding_rows=s90.PaddingRows.MULTIPLY)
+    assert s90.kernel_key(skip, p1).file_stem() == s90.kernel_key(multiply, p1).file_stem() + "_paddingskip"
+
+
 def test_kernel_key_is_static_and_filesystem_safe():
     p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
     key = s90.kernel_key(s90.Sm90GemmConfig(pair_threshold=1), p1)
@@ -205,6 +245,10 @@ SMALL = [  # (name, config, problem): one per epilogue, work unit and scheduler
     ("plain_m64", s90.Sm90GemmConfig(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE), s90.Sm90Problem(G2, 128, 64, 4)),
     ("rowscale_grouped_dynamic", s90.Sm90GemmConfig(tile_n=128, scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M,
                                                     raster_group_m=3), s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True)),
+    ("rowscale_bias_skip_grouped_dynamic", s90.Sm90GemmConfig(tile_n=256, scheduler=s90.Scheduler.DYNAMIC,
+                                                              raster=s90.Raster.GROUPED_M, raster_group_m=3,
+                                                              padding_rows=s90.PaddingRows.SKIP),
+     s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
     ("swiglu_pair_dynamic", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.DYNAMIC,
                                                raster=s90.Raster.GROUPED_M, raster_group_m=4),
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
@@ -248,6 +292,20 @@ def test_compile_preset_kernels(model):
         compiled = s90.compile_kernel(config, problem, keep_ptx=True)
         _check_ptx(compiled.__ptx__, multicast=config.work_unit is WorkUnit.PAIR,
                    dynamic=config.scheduler is s90.Scheduler.DYNAMIC)
+
+
+@NEEDS_DSL
+@pytest.mark.skipif(_ptxas() is None, reason="no ptxas (Triton's bundled one or on PATH)")
+@pytest.mark.parametrize("name,config,problem", SMALL, ids=[s[0] for s in SMALL])
+def test_ptxas_keeps_wgmma_pipelined(name, config, problem, tmp_path):
+    """ptxas must not serialize the wgmma instructions (note C7520: every MMA then waits for the previous one).
+    It did in the PAIR kernels, where it had to insert a wgmma fence itself on a divergent path: 15-25% slower
+    (results/pair-ncu-h200-2026-11-29). The mainloop now fences before each K tile's MMAs, so ptxas inserts
+    none (no C7519 either), and nothing spills."""
+    report = _ptxas_report(s90.compile_kernel(config, problem, keep_ptx=True).__ptx__, tmp_path)
+    assert "C7520" not in report and "serialized" not in report, report
+    assert "C7519" not in report, report
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", report), report
 
 
 SWAPPED = [  # (name, config, problem): the decode kernel (weights as the wgmma M side)
