@@ -18,7 +18,13 @@ Warp roles (one CTA, 128 threads per warpgroup):
   shared pipeline must never run two phases ahead).
   A consumer waits for a full stage, issues wgmma, releases the stage once the next wgmma group
   retired, then runs the epilogue: bias / gated activation / row scale in registers, stmatrix to a
-  staged SMEM buffer, one TMA store per epilogue sub-tile by one warp of the warpgroup.
+  staged SMEM buffer, one TMA store per epilogue sub-tile by one warp of the warpgroup. COOPERATIVE
+  fences (wgmma.fence) before each K tile's MMAs: where ptxas has to insert that fence itself on a
+  divergent path, it serializes every wgmma (it did in the PAIR kernels; tests/test_sm90_compile.py runs
+  ptxas to check).
+  padding_rows SKIP (COOPERATIVE): a warpgroup whose 64 rows of the tile are all padding (an expert's last
+  m-block with at most 64 valid rows) only waits on and releases each stage, so the other warpgroup has
+  the tensor cores to itself; its accumulator stays 0 and its rows are stored like any padding row.
 Pipelines:
 - mainloop (PipelineTmaAsync, `stages` deep): "full" = the stage's A and B bytes landed (transaction
   count), "empty" = every consumer warp of every CTA that reads this stage's B (both CTAs of a cluster,
