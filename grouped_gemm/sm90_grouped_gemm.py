@@ -283,8 +283,8 @@ def default_padding_rows(problem: Sm90Problem, tile_m: int, consumers: Consumers
 def regular_schedule(work_unit: WorkUnit, rows_per_expert: float | None,
                      scheduler: Scheduler | None = None) -> tuple[Scheduler, Raster]:
     """(scheduler, raster) of the regular (TOKENS_AS_M) kernel for about `rows_per_expert` rows per expert
-    (None: unknown): DYNAMIC for SINGLE units, STATIC for PAIR units (PAIR DYNAMIC runs but measured 6-19%
-    slower than SINGLE DYNAMIC, results/pair-dynamic-h200-2026-11-29/), GROUPED_M above
+    (None: unknown): DYNAMIC for SINGLE units, STATIC for PAIR units (PAIR DYNAMIC runs; with its wgmma no
+    longer serialized it ties SINGLE DYNAMIC, results/wgmma-fence-h200-2026-11-29/), GROUPED_M above
     GROUPED_RASTER_MIN_ROWS rows per expert when DYNAMIC, else ALONG_N. An explicit `scheduler` is kept."""
     if scheduler is None:
         scheduler = Scheduler.STATIC if work_unit is WorkUnit.PAIR else Scheduler.DYNAMIC
@@ -306,7 +306,7 @@ def default_config(
 
     Measured on the H200 (v2-v3: qwen3-30b-a3b, T = 16..8192; v6: five models, T = 2048..32768, interleaved
     timing): 128x256 beats 128x128; ALONG_N beats ALONG_M by 15-25%; 64-row tiles lose even at decode sizes;
-    PAIR units tie at decode sizes and lose up to 20% at T=8192. Where an expert spans several m-blocks,
+    PAIR units tie SINGLE units (v8, once ptxas no longer serialized their wgmma; they lost up to 25% before). Where an expert spans several m-blocks,
     GROUPED_M + DYNAMIC makes its m-blocks read each weight tile back to back (deepseek-v3 T=8192 GEMM1: 34
     -> 23 GB from DRAM, 8.96 -> 8.31 ms; mixtral T=32768: -17..-25%); with about one m-block per expert,
     ALONG_N + DYNAMIC is best (deepseek-v3 T=2048 GEMM1 4.29 -> 3.94 ms).
