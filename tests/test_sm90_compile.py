@@ -308,6 +308,21 @@ def test_ptxas_keeps_wgmma_pipelined(name, config, problem, tmp_path):
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", report), report
 
 
+@NEEDS_DSL
+@pytest.mark.skipif(_ptxas() is None, reason="no ptxas (Triton's bundled one or on PATH)")
+@pytest.mark.parametrize("model", sorted(PRESETS))
+def test_ptxas_keeps_preset_wgmma_pipelined(model, tmp_path):
+    """The preset kernels that were serialized (the PAIR GEMM1 of qwen3 / deepseek-v3 / mixtral) and the prefill
+    defaults of both GEMMs (GEMM2 with PaddingRows.SKIP) at their real sizes."""
+    configs = s90.preset_configs(PRESETS[model])
+    chosen = [(c, p) for c, p in configs if (c.work_unit is WorkUnit.PAIR and p.kind is G1)
+              or c.raster is s90.Raster.GROUPED_M]
+    assert any(c.padding_rows is s90.PaddingRows.SKIP for c, p in chosen if p.kind is G2)
+    for config, problem in chosen:
+        report = _ptxas_report(s90.compile_kernel(config, problem, keep_ptx=True).__ptx__, tmp_path)
+        assert "C7520" not in report and "C7519" not in report, (s90.kernel_key(config, problem).file_stem(), report)
+
+
 SWAPPED = [  # (name, config, problem): the decode kernel (weights as the wgmma M side)
     ("swapped16_swiglu", s90.swapped_config(s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU), 1),
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
