@@ -1,4 +1,4 @@
-"""Hopper (sm_90a) grouped GEMM for few rows per expert (decode): swapped operands, in CuTe DSL.
+"""Hopper (sm_90a) grouped GEMM with swapped operands (weights as the wgmma M side), in CuTe DSL.
 
 Imports `cutlass` at the top: import it lazily (sm90_grouped_gemm.py does), never from a package __init__.
 
@@ -10,26 +10,42 @@ wgmma's M side (64 rows per instruction, tile_n per unit) and the token rows are
 8..64 per unit), so a unit multiplies C^T[tile_n, tile_m] = B_e[tile_n, K] @ A[tile_m, K]^T and the
 tensor cores idle while the weights stream at HBM bandwidth.
 
+Two sizes of token tile, one kernel family:
+- decode (tile_m 8..64): one consumer warpgroup, every unit multiplies tile_m token rows.
+- wide (tile_m 128 or 256, for experts of about 64..512 rows): tile_n / 64 consumer warpgroups, one 64-row
+  wgmma atom of weight rows each, and the token tile's wgmma N chosen per unit on the device: the valid rows
+  of the tile rounded up to `token_step` (N = token_step, 2 * token_step, ..., tile_m; one mainloop per N,
+  selected by a warpgroup-uniform branch). A 128-row token tile multiplies at most token_step - 1 padding
+  rows, where 128-row token-as-M tiles multiply up to 127 and stream the expert's weights once per
+  m-block. The producer loads only the 64-row boxes of the token tile that hold valid rows and sets each
+  stage's transaction bytes to match.
+
 Work units: (token tile, n-block). Token tiles are counted per expert, ceil(counts[e] / tile_m), so tiles
 of padding rows do not exist (the 128-row padding of the dispatch would otherwise make most units empty);
 every CTA builds that prefix sum in SMEM at start (one warp, shuffle scan). Raster ALONG_M puts the
-token tiles of one n-block next to each other, so experts with several tiles share the weight tile in L2.
+token tiles of one n-block next to each other, so experts with several tiles share the weight tile in L2;
+ALONG_N puts the n-blocks of one token tile next to each other (the token tile stays in L2, and the CTAs
+in flight stream the neighbouring weight tiles of a few experts).
 
-Warp roles (256 threads):
+Warp roles (128 threads per warpgroup; decode: 256 threads, wide: 128 * (1 + tile_n / 64)):
 - warpgroup 0, warp 0: TMA producer (per unit: the K tiles of the token tile and of the weight tile into
   the next free stage); DYNAMIC: fetches units from the global counter as in cute_backend.py.
-- warpgroup 1: the consumer. wgmma with the weight tile as A (tile_n / 64 instructions per k-block) and
-  the token tile as B, one wgmma group in flight; then the epilogue from registers straight to global
+- warpgroups 1..: the consumers. wgmma with the weight tile as A (decode: tile_n / 64 instructions per
+  k-block in one warpgroup; wide: 64 weight rows per warpgroup) and the token tile as B, one wgmma group in
+  flight; then the epilogue from registers straight to global
   memory: each thread holds weight rows r and r + 8 of every 16, which the w13 prepack (8 gate rows, then
   the 8 matching up rows) makes a gate / up pair of one output column, so the gated activation needs no
   data exchange. Rows past the expert's count (padding) are not stored.
-Pipelines: mainloop (PipelineTmaAsync, `stages` deep) and DYNAMIC's scheduler slot, as in cute_backend.py.
+Pipelines: mainloop (PipelineTmaAsync, `stages` deep; "full" = the stage's weight and token bytes landed,
+a byte count the wide producer sets per unit; "empty" = every consumer warp released it) and DYNAMIC's
+scheduler slot, as in cute_backend.py.
 There is no SMEM epilogue stage: at decode sizes the output is a few KB per unit. The producer and consumer
 loops mirror cute_backend.py's in the kernel body on purpose: a pipeline state advanced inside a helper
 is not carried back through the DSL's loop (the v1 hang recorded in docs/perf-notes-sm90.md).
 
-Limits: cluster 1 (no multicast: a unit holds one expert's few rows), bf16/fp16, K % 8 == 0, N % tile_n
-== 0, tile_n a multiple of 64 (<= 256), tile_m in {8, 16, 32, 64} dividing the row_offsets alignment.
+Limits: cluster 1 (no multicast), bf16/fp16, K % 8 == 0, N % tile_n == 0; decode: tile_n a multiple of 64
+(<= 256), tile_m in {8, 16, 32, 64} dividing the row_offsets alignment; wide: tile_n 64 or 128, tile_m 128
+or 256, token_step a multiple of 8 dividing tile_m, row_offsets multiples of 64.
 """
 from __future__ import annotations
 
@@ -38,26 +54,43 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.experimental import primitives as prims
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from .cute_backend import CONSUMERS_COOPERATIVE, SCHED_DYNAMIC, RASTER_N, Sm90GroupedGemmKernel
+from .sm90_grouped_gemm import WIDE_EPI_PAD, WIDE_EPI_ROWS, WIDE_ROW_ALIGN
+
+WIDE_MIN_TILE_M = 64  # token tiles above this are "wide": several consumer warpgroups, wgmma N chosen per unit
+WIDE_TOKEN_BOX = WIDE_ROW_ALIGN  # rows per TMA box of a wide token tile
+# (WIDE_EPI_PAD: 16 bytes per staging row, so that the 8 rows one stmatrix fragment writes hit distinct banks)
 
 
 class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
-    """Weights as wgmma's M side, tokens as its N side; one producer warp, one consumer warpgroup."""
+    """Weights as wgmma's M side, tokens as its N side; one producer warp, 1 (decode) or tile_n / 64 (wide)
+    consumer warpgroups."""
 
     def __init__(self, *, tile_m, tile_n, tile_k, stages, epilogue, has_bias, has_row_scale, num_experts, scheduler,
-                 raster, num_sms):
+                 raster, num_sms, token_step=0):
         super().__init__(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=stages, cluster_m=1, epilogue=epilogue,
             has_bias=has_bias, has_row_scale=has_row_scale, num_experts=num_experts, scheduler=scheduler,
             raster=raster, num_sms=num_sms, consumers=CONSUMERS_COOPERATIVE,
         )
-        self.num_consumer_wg = 1
-        self.mma_wg = 1
-        self.threads = 2 * self.threads_per_wg
-        self.num_consumer_threads = self.threads_per_wg
+        self.wide = tile_m > WIDE_MIN_TILE_M
+        self.num_consumer_wg = tile_n // 64 if self.wide else 1
+        self.mma_wg = self.num_consumer_wg
+        self.threads = (1 + self.num_consumer_wg) * self.threads_per_wg
+        self.num_consumer_threads = self.num_consumer_wg * self.threads_per_wg
         self.scan_per_lane = (num_experts + 31) // 32  # experts per lane in the token-tile prefix sum
+        # wide: the wgmma N sizes a unit may take (valid rows rounded up to token_step), the token tile's TMA
+        # boxes (64 rows each, only those holding valid rows are loaded)
+        self.token_step = token_step if self.wide and token_step else tile_m
+        self.token_sizes = tuple(range(self.token_step, tile_m + 1, self.token_step))
+        self.token_box = WIDE_TOKEN_BOX if self.wide else tile_m
+        self.token_boxes = tile_m // self.token_box
+        self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
+        self.epi_pitch = self.out_tile_n + WIDE_EPI_PAD  # wide epilogue: SMEM [WIDE_EPI_ROWS tokens][out columns]
+        self.epi_elems = WIDE_EPI_ROWS * self.epi_pitch if self.wide else 8
 
     # ------------------------------------------------------------------ host side (trace time)
     @cute.jit
@@ -80,21 +113,30 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         kmajor = cute.nvgpu.warpgroup.OperandMajorMode.K
         # MMA problem per unit: M = weight rows (tile_n), N = token rows (tile_m)
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype, self.ab_dtype, kmajor, kmajor, self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.tile_m)
+            self.ab_dtype, self.ab_dtype, kmajor, kmajor, self.acc_dtype, (self.mma_wg, 1, 1),
+            tiler_mn=(64, self.tile_m),
         )
         mma_mnk = (self.tile_n, self.tile_m, self.tile_k)
         w_smem_staged = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, mma_mnk, self.ab_dtype, self.stages)
         t_smem_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, mma_mnk, self.ab_dtype, self.stages)
+        # the token tile as TMA boxes: stage s, box j is box-stage s * token_boxes + j of the same bytes (a
+        # K-major 128B-swizzled tile is a stack of 8-row atoms, so 64-row boxes tile it exactly)
+        t_box_staged = sm90_utils.make_smem_layout_b(
+            utils.LayoutEnum.ROW_MAJOR, (self.tile_n, self.token_box, self.tile_k), self.ab_dtype,
+            self.stages * self.token_boxes,
+        )
         b_nke = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 2, 0]))  # expert = batch mode
-        t_smem_one = cute.slice_(t_smem_staged, (None, None, 0))
+        t_box_one = cute.slice_(t_box_staged, (None, None, 0))
         w_smem_one = cute.slice_(w_smem_staged, (None, None, 0))
         tma_atom_t, tma_t = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a, t_smem_one, (self.tile_m, self.tile_k)
+            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a, t_box_one, (self.token_box, self.tile_k)
         )
         tma_atom_w, tma_w = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), b_nke, w_smem_one, (self.tile_n, self.tile_k)
         )
-        self.tma_bytes = cute.size_in_bytes(self.ab_dtype, t_smem_one) + cute.size_in_bytes(self.ab_dtype, w_smem_one)
+        self.box_bytes = cute.size_in_bytes(self.ab_dtype, t_box_one)
+        self.w_bytes = cute.size_in_bytes(self.ab_dtype, w_smem_one)
+        self.tma_bytes = self.token_boxes * self.box_bytes + self.w_bytes
 
         @cute.struct
         class SharedStorage:
@@ -106,11 +148,12 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             expert_tiles: cute.struct.MemRange[cutlass.Int32, self.num_experts + 1]
             sT: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(t_smem_staged)], self.buffer_align_bytes]
             sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(w_smem_staged)], self.buffer_align_bytes]
+            sOut: cute.struct.Align[cute.struct.MemRange[self.c_dtype, self.epi_elems], 128]
 
         self.shared_storage = SharedStorage
         self.kernel(
             tma_atom_t, tma_t, tma_atom_w, tma_w, c, row_offsets, counts, bias, row_scale, workspace,
-            t_smem_staged, w_smem_staged, self.tiled_mma,
+            t_smem_staged, t_box_staged, w_smem_staged, self.tiled_mma,
         ).launch(grid=(self.num_sms, 1, 1), block=(self.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     # ------------------------------------------------------------------ device helpers
@@ -137,8 +180,10 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             s_tiles[self.num_experts] = inclusive
 
     @cute.jit
-    def decode_swapped_unit(self, unit: cutlass.Int32, s_tiles: cute.Tensor, s_rows: cute.Tensor):
-        """unit -> (token-tile block index in A, n_block, expert); every token tile holds a valid row."""
+    def decode_swapped_unit(self, unit: cutlass.Int32, s_tiles: cute.Tensor, s_rows: cute.Tensor,
+                            s_counts: cute.Tensor):
+        """unit -> (first row of its token tile in A, n_block, expert, valid rows of the tile); every token tile
+        holds at least one valid row."""
         total_tiles = s_tiles[self.num_experts]
         tile = unit % total_tiles
         nb = unit // total_tiles
@@ -146,8 +191,9 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             nb = unit % self.n_blocks
             tile = unit // self.n_blocks
         expert = self.expert_of_row(s_tiles, tile)  # largest e with s_tiles[e] <= tile: a non-empty expert
-        m_block = s_rows[expert] // self.tile_m + (tile - s_tiles[expert])
-        return m_block, nb, expert
+        first = (tile - s_tiles[expert]) * self.tile_m  # within the expert
+        valid = cutlass.min(cutlass.Int32(self.tile_m), s_counts[expert] - first)
+        return s_rows[expert] + first, nb, expert, valid
 
     # ------------------------------------------------------------------ the kernel
     @cute.kernel
@@ -164,6 +210,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         row_scale: cute.Tensor,
         workspace: cute.Tensor,
         t_smem_staged: cute.ComposedLayout,
+        t_box_staged: cute.ComposedLayout,
         w_smem_staged: cute.ComposedLayout,
         tiled_mma: cute.TiledMma,
     ):
@@ -181,7 +228,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             barrier_storage=storage.mainloop_barriers.data_ptr(),
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),  # the consumer's 4 warps
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_consumer_wg),  # every consumer warp
             tx_count=self.tma_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
             defer_sync=True,
@@ -196,7 +243,10 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
         sT = storage.sT.get_tensor(t_smem_staged.outer, swizzle=t_smem_staged.inner)
+        sT_box = storage.sT.get_tensor(t_box_staged.outer, swizzle=t_box_staged.inner)
         sW = storage.sW.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
+        sOut = storage.sOut.get_tensor(cute.make_layout((WIDE_EPI_ROWS, self.epi_pitch), stride=(self.epi_pitch, 1))
+                                       if self.wide else cute.make_layout(self.epi_elems))
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
         s_rows = storage.expert_rows.get_tensor(cute.make_layout(self.num_experts + 1))
         s_counts = storage.expert_counts.get_tensor(cute.make_layout(self.num_experts))
@@ -209,11 +259,11 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             self.scan_token_tiles(counts, s_tiles)
         cute.arch.sync_threads()
 
-        # (bM, bK, RestM, RestK) token tiles, (bN, bK, RestN, RestK, E) weight tiles
-        gT = cute.local_tile(mT, (self.tile_m, self.tile_k), (None, None))
+        # (box, bK, RestBoxes, RestK) token boxes, (bN, bK, RestN, RestK, E) weight tiles
+        gT = cute.local_tile(mT, (self.token_box, self.tile_k), (None, None))
         gW = cute.local_tile(mW, (self.tile_n, self.tile_k), (None, None, None))
         tTsT, tTgT = cute.nvgpu.cpasync.tma_partition(
-            tma_atom_t, 0, cute.make_layout(1), cute.group_modes(sT, 0, 2), cute.group_modes(gT, 0, 2)
+            tma_atom_t, 0, cute.make_layout(1), cute.group_modes(sT_box, 0, 2), cute.group_modes(gT, 0, 2)
         )
         tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
             tma_atom_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2)
@@ -235,13 +285,26 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                     self.publish_unit(unit, sched, sched_state, slots, cutlass.Int32(0))
                     sched_state.advance()  # pipeline states advance in the loop body, where the DSL carries them
                 while unit < total:
-                    m_block, nb, expert = self.decode_swapped_unit(unit, s_tiles, s_rows)
+                    row0, nb, expert, valid = self.decode_swapped_unit(unit, s_tiles, s_rows, s_counts)
                     next_unit = self.fetch_unit(bidx, gdim, unit, workspace, False, cutlass.Int32(0))
+                    box0 = row0 // self.token_box
+                    boxes = (valid + (self.token_box - 1)) // self.token_box  # wide: only the boxes with valid rows
                     for k in cutlass.range(k_tiles, unroll=1):
-                        mainloop.producer_acquire(state)
-                        bar = mainloop.producer_get_barrier(state)
-                        cute.copy(tma_atom_t, tTgT[(None, m_block, k)], tTsT[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_atom_w, tWgW[(None, nb, k, expert)], tWsW[(None, state.index)], tma_bar_ptr=bar)
+                        if cutlass.const_expr(self.wide):
+                            mainloop.sync_object_empty.wait(state.index, state.phase)
+                            bar = mainloop.producer_get_barrier(state)
+                            with cute.arch.elect_one():
+                                cute.arch.mbarrier_arrive_and_expect_tx(bar, self.w_bytes + boxes * self.box_bytes)
+                            cute.copy(tma_atom_w, tWgW[(None, nb, k, expert)], tWsW[(None, state.index)], tma_bar_ptr=bar)
+                            for j in cutlass.range_constexpr(self.token_boxes):
+                                if j < boxes:
+                                    cute.copy(tma_atom_t, tTgT[(None, box0 + j, k)],
+                                              tTsT[(None, state.index * self.token_boxes + j)], tma_bar_ptr=bar)
+                        else:
+                            mainloop.producer_acquire(state)
+                            bar = mainloop.producer_get_barrier(state)
+                            cute.copy(tma_atom_t, tTgT[(None, box0, k)], tTsT[(None, state.index)], tma_bar_ptr=bar)
+                            cute.copy(tma_atom_w, tWgW[(None, nb, k, expert)], tWsW[(None, state.index)], tma_bar_ptr=bar)
                         mainloop.producer_commit(state)
                         state.advance()
                     unit = next_unit
@@ -251,8 +314,8 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                 self.finish_dynamic(workspace, gdim, cutlass.Int32(0))
                 mainloop.producer_tail(state)
         else:
-            # ---------------------------------------------------------- consumer warpgroup
-            cute.arch.setmaxregister_increase(240)
+            # ---------------------------------------------------------- consumer warpgroups
+            cute.arch.setmaxregister_increase(232 if self.num_consumer_wg > 1 else 240)
             ctidx = tidx - self.threads_per_wg
             thr_mma = tiled_mma.get_slice(ctidx)
             tCsW = thr_mma.partition_A(sW)
@@ -270,34 +333,166 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                 unit = self.read_published_unit(sched, sched_read, slots)
                 sched_read.advance()
             while unit < total:
-                m_block, nb, expert = self.decode_swapped_unit(unit, s_tiles, s_rows)
+                row0, nb, expert, valid = self.decode_swapped_unit(unit, s_tiles, s_rows, s_counts)
                 acc.fill(0.0)
-                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                cute.nvgpu.warpgroup.fence()
-                for k in cutlass.range(k_tiles, unroll=1):
-                    mainloop.consumer_wait(read_state)
-                    for kb in cutlass.range_constexpr(num_k_blocks):
-                        coord = (None, None, kb, read_state.index)
-                        cute.gemm(tiled_mma, acc, tCrW[coord], tCrT[coord], acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    if k > 0:
+                if cutlass.const_expr(not self.wide):
+                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                    cute.nvgpu.warpgroup.fence()
+                    for k in cutlass.range(k_tiles, unroll=1):
+                        mainloop.consumer_wait(read_state)
+                        for kb in cutlass.range_constexpr(num_k_blocks):
+                            coord = (None, None, kb, read_state.index)
+                            cute.gemm(tiled_mma, acc, tCrW[coord], tCrT[coord], acc)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        if k > 0:
+                            mainloop.consumer_release(release_state)
+                            release_state.advance()
+                        read_state.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    if k_tiles > 0:
                         mainloop.consumer_release(release_state)
                         release_state.advance()
-                    read_state.advance()
-                cute.nvgpu.warpgroup.wait_group(0)
-                if k_tiles > 0:
-                    mainloop.consumer_release(release_state)
-                    release_state.advance()
-                end_row = s_rows[expert] + s_counts[expert]
-                self.store_swapped(acc, coords, mC, expert, nb, m_block * self.tile_m, end_row, bias, row_scale)
+                else:
+                    # wide: wgmma N = the valid rows rounded up to token_step, one mainloop per N (a
+                    # warpgroup-uniform branch; each multiplies the first N token rows of the stage into the
+                    # first N / 2 accumulator registers, which is the N-wide accumulator's register order)
+                    size_index = (valid + (self.token_step - 1)) // self.token_step - 1
+                    for v in cutlass.range_constexpr(len(self.token_sizes)):
+                        if size_index == v:
+                            n_rows = self.token_sizes[v]
+                            mma_v = sm90_utils.make_trivial_tiled_mma(
+                                self.ab_dtype, self.ab_dtype, cute.nvgpu.warpgroup.OperandMajorMode.K,
+                                cute.nvgpu.warpgroup.OperandMajorMode.K, self.acc_dtype, (self.mma_wg, 1, 1),
+                                tiler_mn=(64, n_rows),
+                            )
+                            thr_v = mma_v.get_slice(ctidx)
+                            sT_v = storage.sT.get_tensor(self.token_rows_layout(t_smem_staged, n_rows),
+                                                         swizzle=t_smem_staged.inner)
+                            tCrW_v = mma_v.make_fragment_A(thr_v.partition_A(sW))
+                            tCrT_v = mma_v.make_fragment_B(thr_v.partition_B(sT_v))
+                            acc_v = cute.make_tensor(
+                                acc.iterator, cute.make_layout(thr_v.partition_shape_C((self.tile_n, n_rows)))
+                            )
+                            mma_v.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                            for k in cutlass.range(k_tiles, unroll=1):
+                                mainloop.consumer_wait(read_state)
+                                # wgmma.fence before each K tile's MMAs: on a divergent path ptxas would
+                                # otherwise insert it itself and serialize every wgmma (C7520)
+                                cute.nvgpu.warpgroup.fence()
+                                for kb in cutlass.range_constexpr(num_k_blocks):
+                                    coord = (None, None, kb, read_state.index)
+                                    cute.gemm(mma_v, acc_v, tCrW_v[coord], tCrT_v[coord], acc_v)
+                                cute.nvgpu.warpgroup.commit_group()
+                                cute.nvgpu.warpgroup.wait_group(1)
+                                if k > 0:
+                                    mainloop.consumer_release(release_state)
+                                    release_state.advance()
+                                read_state.advance()
+                            cute.nvgpu.warpgroup.wait_group(0)
+                            if k_tiles > 0:
+                                mainloop.consumer_release(release_state)
+                                release_state.advance()
+                if cutlass.const_expr(self.wide):
+                    self.store_wide(acc, sOut, mC, expert, nb, row0, valid, bias, row_scale, ctidx)
+                else:
+                    self.store_swapped(acc, coords, mC, expert, nb, row0, row0 + valid, bias, row_scale)
                 if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
                     unit = self.read_published_unit(sched, sched_read, slots)
                     sched_read.advance()
                 else:
                     unit = unit + gdim
 
+    def token_rows_layout(self, t_smem_staged, n_rows: int):
+        """The first n_rows rows of every stage of the token tile (outer layout; same swizzle): the staged
+        tile is ((8, tile_m / 8), K, stages) 8-row atoms, so keep n_rows / 8 of them and the strides."""
+        outer = t_smem_staged.outer
+        (atom, groups), k_mode, stage_mode = outer.shape
+        (s_atom, s_groups), k_stride, stage_stride = outer.stride
+        return cute.make_layout(((atom, n_rows // atom), k_mode, stage_mode),
+                                stride=((s_atom, s_groups), k_stride, stage_stride))
+
     # ------------------------------------------------------------------ epilogue
+    @cute.jit
+    def store_wide(self, acc, sOut, mC, expert, nb, row0, valid, bias, row_scale, ctidx):
+        """Wide units: acc[weight row w, token t] -> C[row0 + t, column of w] for t < valid.
+
+        Each consumer warp holds 16 weight rows (lane: rows lane / 4 and + 8, tokens 2 * (lane % 4) + j of every
+        8-token group g: accumulator index j + 2h + 4g). The epilogue math runs in registers first, so that its
+        global loads (bias, row scale) all issue before any store; then per WIDE_EPI_ROWS tokens the values go to
+        SMEM [token][output column] by stmatrix.trans (an 8x8 fragment of 8 weight rows x 8 tokens is stored as
+        8 token rows of 8 contiguous columns) and from there to global memory in 16-byte row pieces, only the
+        rows of valid tokens (the rows after them belong to the padding or to the next expert)."""
+        warp = ctidx // 32
+        lane = ctidx % 32
+        quad = lane % 4
+        wrow = warp * 16 + lane // 4  # this lane's weight row (h = 0) in the unit; h = 1 is wrow + 8
+        n0 = nb * self.tile_n
+        out0 = nb * self.out_tile_n
+        last = row0 + valid - 1
+        groups = self.tile_m // 8
+        per_group = 2 if self.gated else 4  # output values per thread per 8-token group
+        vals = cute.make_rmem_tensor((groups * per_group,), self.c_dtype)
+        if cutlass.const_expr(self.gated):
+            b_gate = cutlass.Float32(0.0)
+            b_up = cutlass.Float32(0.0)
+            if cutlass.const_expr(self.has_bias):
+                b_gate = bias[expert, n0 + wrow]
+                b_up = bias[expert, n0 + wrow + 8]
+            for g in cutlass.range_constexpr(groups):
+                for j in cutlass.range_constexpr(2):
+                    gate = acc[j + 4 * g] + b_gate
+                    up = acc[j + 2 + 4 * g] + b_up
+                    vals[j + 2 * g] = self.activation(gate, up).to(self.c_dtype)
+        else:
+            b_h = [cutlass.Float32(0.0), cutlass.Float32(0.0)]
+            if cutlass.const_expr(self.has_bias):
+                b_h = [bias[expert, n0 + wrow], bias[expert, n0 + wrow + 8]]
+            for g in cutlass.range_constexpr(groups):
+                for j in cutlass.range_constexpr(2):
+                    scale = cutlass.Float32(1.0)
+                    if cutlass.const_expr(self.has_row_scale):
+                        scale = row_scale[cutlass.min(row0 + 8 * g + 2 * quad + j, last)]
+                    for h in cutlass.range_constexpr(2):
+                        vals[j + 2 * h + 4 * g] = ((acc[j + 2 * h + 4 * g] + b_h[h]) * scale).to(self.c_dtype)
+        pieces = self.out_tile_n // 8  # 16-byte pieces per output row of the unit
+        s8 = cute.zipped_divide(sOut, (1, 8))
+        g8 = cute.zipped_divide(mC, (1, 8))
+        piece = cute.make_rmem_tensor((8,), self.c_dtype)  # one stmatrix.x4's values
+        row_piece = cute.make_rmem_tensor((1, 8), self.c_dtype)  # 16 bytes of one output row
+        chunk_groups = WIDE_EPI_ROWS // 8
+        for ch in cutlass.range_constexpr(self.tile_m // WIDE_EPI_ROWS):
+            if ch * WIDE_EPI_ROWS < valid:  # CTA-uniform
+                # registers -> SMEM: one stmatrix.x4.trans stores four 8x8 fragments; lane 8i + r gives the
+                # address of token row r of fragment i
+                frag = lane // 8
+                for q in cutlass.range_constexpr(chunk_groups * per_group // 8):  # 8 values per stmatrix.x4
+                    if cutlass.const_expr(self.gated):  # fragments: 8 output columns x token groups g0 .. g0 + 3
+                        g0 = ch * chunk_groups + 4 * q
+                        for i in cutlass.range_constexpr(4):
+                            for j in cutlass.range_constexpr(2):
+                                piece[2 * i + j] = vals[j + 2 * (g0 + i)]
+                        row = 8 * (4 * q + frag) + lane % 8
+                        col = 8 * warp
+                    else:  # fragments: (h = 0, g0), (h = 1, g0), (h = 0, g0 + 1), (h = 1, g0 + 1)
+                        g0 = ch * chunk_groups + 2 * q
+                        for i in cutlass.range_constexpr(4):
+                            for j in cutlass.range_constexpr(2):
+                                piece[2 * i + j] = vals[j + 2 * (i % 2) + 4 * (g0 + i // 2)]
+                        row = 8 * (2 * q + frag // 2) + lane % 8
+                        col = 16 * warp + 8 * (frag % 2)
+                    prims.stmatrix(sOut.iterator + row * self.epi_pitch + col, piece.load(), prims.MMALayout.COL)
+                self.epi_barrier.arrive_and_wait()
+                # SMEM -> global, 16 bytes per thread and step, rows of valid tokens only
+                for i in cutlass.range_constexpr(WIDE_EPI_ROWS * pieces // self.num_consumer_threads):
+                    v = ctidx + self.num_consumer_threads * i
+                    r = v // pieces
+                    p = v % pieces
+                    if ch * WIDE_EPI_ROWS + r < valid:
+                        cute.autovec_copy(s8[(None, (r, p))], row_piece)
+                        cute.autovec_copy(row_piece, g8[(None, (row0 + ch * WIDE_EPI_ROWS + r, out0 // 8 + p))])
+                self.epi_barrier.arrive_and_wait()
+
     @cute.jit
     def store_swapped(self, acc, coords, mC, expert, nb, row0, end_row, bias, row_scale):
         """acc[weight row w, token t] -> C[row0 + t, column of w]; rows at or past end_row are padding."""

@@ -2,8 +2,9 @@
 
 Two kernels, each described (warp roles, pipelines, limits) in its own file, which imports the CuTe DSL and
 is imported lazily from here: cute_backend.py (token rows as the wgmma M side: 64/128-row tiles, pair
-units with weight multicast) and cute_swapped_backend.py (Operands.WEIGHTS_AS_M, for decode: weight rows as
-the M side, 16-64 token rows per unit). This module needs neither a GPU nor the DSL to import.
+units with weight multicast) and cute_swapped_backend.py (Operands.WEIGHTS_AS_M: weight rows as the M side;
+8-64 token rows per unit for decode, or "wide" token tiles of 128/256 rows whose wgmma N is the unit's valid
+rows rounded up to `token_step`). This module needs neither a GPU nor the DSL to import.
 
 Host API (semantics of grouped_gemm/reference.py):
   prepack_w13(w13) -> packed            once at weight load: gate/up rows interleaved in chunks of 8
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 
 import torch
@@ -36,9 +38,13 @@ __all__ = [
     "smem_bytes",
     "resolve_stages",
     "default_config",
+    "regular_config",
     "default_padding_rows",
     "regular_schedule",
     "swapped_config",
+    "wide_config",
+    "wide_default",
+    "default_overrides_tuning",
     "prepack_w13",
     "pack_gate_up_rows",
     "epilogue_operands",
@@ -93,6 +99,11 @@ class Operands(enum.Enum):
 
 
 SWAPPED_TILE_M = (8, 16, 32, 64)  # token rows per unit with WEIGHTS_AS_M (the wgmma N size)
+WIDE_TILE_M = (128, 256)  # WEIGHTS_AS_M "wide" token tiles: wgmma N per unit = valid rows rounded up to token_step
+WIDE_TILE_N = (64, 128)  # weight rows of a wide unit: one 64-row wgmma atom per consumer warpgroup
+WIDE_ROW_ALIGN = 64  # wide token tiles are loaded as 64-row TMA boxes: row_offsets must be multiples of it
+WIDE_EPI_ROWS = 64  # token rows per pass of the wide epilogue's SMEM staging tile (cute_swapped_backend.py)
+WIDE_EPI_PAD = 8  # elements of padding per staging row
 # Defaults of the swapped (decode) kernel, measured on the H200 (docs/perf-notes-sm90.md, v5): it beats the
 # regular kernel up to ~32 rows per expert; token tiles of 16 rows up to 8 rows per expert on average, 32 up
 # to 16 and 64 up to 32, so that almost every expert fits one tile (a second tile streams the expert's
@@ -108,6 +119,19 @@ SWAPPED_PRESET_ROWS = (1 / 256, 1 / 64, 1 / 16, 1 / 4, 8, 16, 32)
 # expert on average (experts of several m-blocks), ALONG_N at or below
 GROUPED_RASTER_MIN_ROWS = 128
 GROUPED_RASTER_GROUP_M = 8
+# Wide WEIGHTS_AS_M kernel (cute_swapped_backend.py): 128/256-row token tiles, wgmma N = valid rows rounded up
+# to 32, 128 weight rows (two consumer warpgroups), STATIC, ALONG_N. Where default_config picks it (measured on the
+# H200, docs/perf-notes-sm90.md v9; GEMM bench of five presets at T = 512..32768):
+# - layers of at most WIDE_MAX_EXPERTS experts at WIDE_ROWS_PER_EXPERT rows per expert (mixtral-8x7b T=512, 128
+#   rows: GEMM1 -12%, GEMM2 -34% against the regular kernel, whose second m-block per expert streams the expert's
+#   235 MB of weights from DRAM again); on 128-256 experts the regular kernel stays 0-9% ahead there;
+# - GEMM2 at WIDE_GEMM2_ROWS_PER_EXPERT rows per expert, 128-row token tiles (qwen3 T=512, 32 rows: -22% / -9%
+#   against the swapped decode kernel), where GEMM1 keeps the decode kernel (equal or better).
+WIDE_TILE_K = 64
+WIDE_TOKEN_STEP = 32
+WIDE_MAX_EXPERTS = 16
+WIDE_ROWS_PER_EXPERT = (SWAPPED_MAX_ROWS_PER_EXPERT, 192)  # (lowest exclusive, highest inclusive), tile_m 256
+WIDE_GEMM2_ROWS_PER_EXPERT = (16, SWAPPED_MAX_ROWS_PER_EXPERT)  # tile_m 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +150,14 @@ class Sm90GemmConfig:
     consumers: Consumers = Consumers.COOPERATIVE
     operands: Operands = Operands.TOKENS_AS_M
     padding_rows: PaddingRows = PaddingRows.MULTIPLY
+    # WEIGHTS_AS_M wide token tiles (tile_m in WIDE_TILE_M): the granularity of the per-unit wgmma N (0: tile_m,
+    # one size); decode tiles take 0
+    token_step: int = 0
+
+    @property
+    def wide(self) -> bool:
+        """A WEIGHTS_AS_M configuration with a wide token tile (several consumer warpgroups, N per unit)."""
+        return self.operands is Operands.WEIGHTS_AS_M and self.tile_m in WIDE_TILE_M
 
     @property
     def cluster_m(self) -> int:
@@ -165,8 +197,11 @@ def smem_bytes(config: Sm90GemmConfig, stages: int) -> int:
 
 
 def _reserved_bytes(config: Sm90GemmConfig) -> int:
-    if config.operands is Operands.WEIGHTS_AS_M:  # no SMEM epilogue; one more metadata array (token tiles)
-        return BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES * 3 // 2 + 2 * 1024
+    if config.operands is Operands.WEIGHTS_AS_M:  # one more metadata array (token tiles)
+        # decode: no SMEM epilogue; wide: a staging tile of WIDE_EPI_ROWS tokens x (output columns + pad), sized
+        # for GEMM2's tile_n output columns (GEMM1 stores half as many)
+        epi = WIDE_EPI_ROWS * (config.tile_n + WIDE_EPI_PAD) * 2 + 128 if config.wide else 0
+        return BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES * 3 // 2 + 2 * 1024 + epi
     epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES
     # + alignment padding of the three 1 KiB-aligned buffers
     return epi + BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES + 3 * 1024
@@ -188,10 +223,22 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     if problem.dtype not in (torch.bfloat16, torch.float16):
         return False, f"dtype: expected bfloat16 or float16, got {problem.dtype}"
     swapped = config.operands is Operands.WEIGHTS_AS_M
+    if isinstance(config.token_step, bool) or not isinstance(config.token_step, int) or config.token_step < 0:
+        return False, f"token_step: expected an int >= 0, got {config.token_step!r}"
+    if config.token_step and not config.wide:
+        return False, f"token_step: only WEIGHTS_AS_M token tiles of {WIDE_TILE_M} rows take one (got {config.token_step})"
     if swapped:
-        if config.tile_m not in SWAPPED_TILE_M:
-            return False, f"tile_m: expected one of {SWAPPED_TILE_M} token rows with WEIGHTS_AS_M, got {config.tile_m}"
-        if config.tile_n % 64 or not 64 <= config.tile_n <= 256:
+        if config.tile_m not in SWAPPED_TILE_M + WIDE_TILE_M:
+            return False, (f"tile_m: expected one of {SWAPPED_TILE_M + WIDE_TILE_M} token rows with WEIGHTS_AS_M, "
+                           f"got {config.tile_m}")
+        if config.wide:
+            if config.tile_n not in WIDE_TILE_N:
+                return False, (f"tile_n: a wide WEIGHTS_AS_M tile takes {WIDE_TILE_N} weight rows (one 64-row wgmma "
+                               f"atom per consumer warpgroup), got {config.tile_n}")
+            step = config.token_step or config.tile_m
+            if step % 8 or config.tile_m % step:
+                return False, f"token_step: expected a multiple of 8 dividing tile_m {config.tile_m}, got {step}"
+        elif config.tile_n % 64 or not 64 <= config.tile_n <= 256:
             return False, f"tile_n: WEIGHTS_AS_M takes 64, 128, 192 or 256 weight rows (wgmma M), got {config.tile_n}"
         if config.work_unit is not WorkUnit.SINGLE or config.consumers is not Consumers.COOPERATIVE:
             return False, "operands: WEIGHTS_AS_M runs SINGLE work units with one consumer warpgroup (COOPERATIVE)"
@@ -271,6 +318,38 @@ def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConf
     return None
 
 
+def wide_config(problem: Sm90Problem, tile_m: int = 256, token_step: int = WIDE_TOKEN_STEP,
+                scheduler: Scheduler = Scheduler.STATIC, raster: Raster = Raster.ALONG_N) -> Sm90GemmConfig | None:
+    """The wide WEIGHTS_AS_M kernel for `problem` (128 weight rows per unit, else 64 where N needs it), or None
+    where neither fits."""
+    for tile_n in sorted(WIDE_TILE_N, reverse=True):
+        cfg = Sm90GemmConfig(tile_m=tile_m, tile_n=tile_n, tile_k=WIDE_TILE_K, scheduler=scheduler, raster=raster,
+                             operands=Operands.WEIGHTS_AS_M, token_step=token_step)
+        if can_implement(cfg, problem)[0]:
+            return cfg
+    return None
+
+
+def wide_default(problem: Sm90Problem, rows_per_expert: float, scheduler: Scheduler | None = None
+                 ) -> Sm90GemmConfig | None:
+    """The wide kernel where default_config picks it for this estimate (see WIDE_ROWS_PER_EXPERT), else None."""
+    lo, hi = WIDE_ROWS_PER_EXPERT
+    if problem.num_experts <= WIDE_MAX_EXPERTS and lo < rows_per_expert <= hi:
+        return wide_config(problem, scheduler=scheduler or Scheduler.STATIC)
+    lo, hi = WIDE_GEMM2_ROWS_PER_EXPERT
+    if problem.kind is GemmStage.GEMM2 and lo < rows_per_expert <= hi:
+        return wide_config(problem, tile_m=128, scheduler=scheduler or Scheduler.STATIC)
+    return None
+
+
+@functools.lru_cache(maxsize=4096)  # host-only, per (problem, estimate): cheap on the per-batch path
+def default_overrides_tuning(problem: Sm90Problem, rows_per_expert: float | None) -> bool:
+    """Whether default_config's choice for this estimate is a WEIGHTS_AS_M kernel, which `moe2cta tune` has no
+    candidates for (its entries then hold a regular kernel that the WEIGHTS_AS_M one was measured to beat)."""
+    return rows_per_expert is not None and default_config(problem, rows_per_expert=rows_per_expert).operands is (
+        Operands.WEIGHTS_AS_M)
+
+
 def default_padding_rows(problem: Sm90Problem, tile_m: int, consumers: Consumers = Consumers.COOPERATIVE) -> PaddingRows:
     """SKIP for GEMM2 on 128-row COOPERATIVE tiles, MULTIPLY otherwise. Measured on the H200 (five presets,
     T = 2048 / 8192 / 32768, results/wgmma-fence-h200-2026-11-29/): GEMM2 with SKIP 0.972x the time of
@@ -299,8 +378,8 @@ def default_config(
     rows_per_expert: float | None = None,
 ) -> Sm90GemmConfig:
     """Analytic default (docs/perf-notes-sm90.md): with `rows_per_expert` (the caller's host-side estimate,
-    e.g. T * k / E) at most SWAPPED_MAX_ROWS_PER_EXPERT, the swapped-operand decode kernel (swapped_config);
-    otherwise 128-row tiles with the widest N tile that divides N, SINGLE work units, and (scheduler None)
+    e.g. T * k / E) where wide_default measured best, the wide swapped-operand kernel; else at most
+    SWAPPED_MAX_ROWS_PER_EXPERT, the swapped-operand decode kernel (swapped_config); otherwise 128-row tiles with the widest N tile that divides N, SINGLE work units, and (scheduler None)
     DYNAMIC scheduling with GROUPED_M raster above GROUPED_RASTER_MIN_ROWS rows per expert (or when the
     estimate is unknown), ALONG_N at or below it. An explicit scheduler is kept (STATIC: ALONG_N raster).
 
@@ -312,9 +391,19 @@ def default_config(
     ALONG_N + DYNAMIC is best (deepseek-v3 T=2048 GEMM1 4.29 -> 3.94 ms).
     """
     if rows_per_expert is not None and work_unit is WorkUnit.SINGLE:
-        swapped = swapped_config(problem, rows_per_expert)
+        swapped = swapped_config(problem, rows_per_expert)  # (checks rows_per_expert)
+        wide = wide_default(problem, rows_per_expert, scheduler)
+        if wide is not None:
+            return wide
         if swapped is not None:
             return dataclasses.replace(swapped, scheduler=scheduler or Scheduler.STATIC)
+    return regular_config(problem, scheduler, work_unit, rows_per_expert)
+
+
+def regular_config(problem: Sm90Problem, scheduler: Scheduler | None = None, work_unit: WorkUnit = WorkUnit.SINGLE,
+                   rows_per_expert: float | None = None) -> Sm90GemmConfig:
+    """The regular (TOKENS_AS_M) kernel default_config falls back to: 128-row tiles, the widest N tile that
+    divides N, the schedule of regular_schedule."""
     scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler)
     for tile_n in (256, 192, 128, 64):
         cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=scheduler, raster=raster,
@@ -371,7 +460,8 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         + ((("group", config.raster_group_m),) if config.raster is Raster.GROUPED_M else ())
         + ((("consumers", config.consumers.value),) if config.consumers is not Consumers.COOPERATIVE else ())
         + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ())
-        + ((("padding", config.padding_rows.value),) if config.padding_rows is not PaddingRows.MULTIPLY else ()),
+        + ((("padding", config.padding_rows.value),) if config.padding_rows is not PaddingRows.MULTIPLY else ())
+        + ((("token_step", config.token_step or config.tile_m),) if config.wide else ()),
     )
 
 
@@ -411,7 +501,7 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
     if config.operands is Operands.WEIGHTS_AS_M:
         from .cute_swapped_backend import Sm90SwappedGroupedGemmKernel
 
-        kernel = Sm90SwappedGroupedGemmKernel(**common)
+        kernel = Sm90SwappedGroupedGemmKernel(**common, token_step=config.token_step)
     else:
         from .cute_backend import Sm90GroupedGemmKernel
 
@@ -584,8 +674,13 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
     out = []
     for problem in (gemm1, gemm2):
         configs = [default_config(problem, rows_per_expert=rows)
-                   for rows in (*SWAPPED_PRESET_ROWS, GROUPED_RASTER_MIN_ROWS, None)]
+                   for rows in (*SWAPPED_PRESET_ROWS, *WIDE_ROWS_PER_EXPERT, GROUPED_RASTER_MIN_ROWS, None)]
+        configs += [cfg for cfg in (wide_default(problem, 24),) if cfg is not None]  # GEMM2 at 16-32 rows
+        # every decode tile, also where a wide kernel is the default (pinning, tuning)
+        configs += [cfg for cfg in (swapped_config(problem, rows) for rows in SWAPPED_PRESET_ROWS) if cfg is not None]
         configs += [default_config(problem, Scheduler.STATIC), default_config(problem, work_unit=WorkUnit.PAIR)]
+        configs += [cfg for cfg in (wide_config(problem),) if cfg is not None]  # whatever the policy says
+        configs.append(regular_config(problem, rows_per_expert=GROUPED_RASTER_MIN_ROWS))  # ALONG_N regular
         for cfg in configs:
             if (cfg, problem) not in out:
                 out.append((cfg, problem))
@@ -597,7 +692,7 @@ def compile_for_preset(preset, out_dir, keep_ptx: bool = False, extra_configs=()
     from .cute_runtime import export_kernel
 
     written = []
-    for config, problem in list(preset_configs(preset)) + list(extra_configs):
+    for config, problem in dict.fromkeys(list(preset_configs(preset)) + list(extra_configs)):  # each kernel once
         compiled = compile_kernel(config, problem, keep_ptx=keep_ptx)
         key = kernel_key(config, problem)
         path = export_kernel(
@@ -624,6 +719,7 @@ def _config_json(config: Sm90GemmConfig) -> dict:
         "consumers": config.consumers.value,
         "operands": config.operands.value,
         "padding_rows": config.padding_rows.value,
+        "token_step": config.token_step,
     }
 
 

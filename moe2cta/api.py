@@ -72,14 +72,14 @@ CUTE_DIM_MULTIPLE = 64
 CUTE_ALIGN_MULTIPLE = 128
 CUTE_ARCH_MODULES = {(9, 0): "sm90_grouped_gemm", (10, 0): "sm100_grouped_gemm"}
 # AUTO on sm_90: batches with at most this many routed rows per expert (T * top_k / E_g) run TRITON, larger
-# ones CUTE. Above it the sm90 family schedules its 128-row tiles DYNAMIC with the GROUPED_M raster (several
-# m-blocks per expert share each weight tile in L2), where its GEMMs beat Triton's; at or below it (about one
-# m-block per expert) the two GEMMs are within a few percent and CUTE pays a gathered copy of A that Triton
-# reads in place. Layer runs on the H200 (serving_bench/results/layer-h200-2026-11-29-v8.md, 40 cells): a
-# split at 32 / 64 / 128 / 256 rows gives prefill geomeans 1.436 / 1.440 / 1.443 / 1.443 (TRITON alone 1.478,
-# differences within the run-to-run spread) and decode 1.100 / 1.100 / 1.097 / 1.097: 128 keeps every decode
-# cell (T <= 512) on TRITON.
-AUTO_DECODE_MAX_ROWS_PER_EXPERT = 128
+# ones CUTE. At or below it the Triton token GEMVs and grouped GEMMs are the faster decode path. Above it the sm90
+# family is ahead, the CuTe gathered copy of A included: layer runs on the H200 (serving_bench/results/
+# layer-h200-2026-11-29-v11.md) put CUTE ahead of TRITON at 64-128 rows per expert in 3 of 4 cells (deepseek-v3 /
+# gpt-oss / qwen3-235b T=2048: -3..-5%; qwen3-30b T=2048 +4%), and the wide swapped-operand kernel takes
+# mixtral-8x7b T=512 (128 rows; GEMMs -14% against TRITON's, results/wide-swapped-h200-2026-12-01/). The v8 run
+# had measured splits at 32 / 64 / 128 / 256 rows within the spread of each other (prefill 1.436 / 1.440 / 1.443 /
+# 1.443).
+AUTO_DECODE_MAX_ROWS_PER_EXPERT = 32
 # Where AUTO splits by batch size: the CuTe family and the device kinds on which the split was measured.
 AUTO_SPLIT_CAPABILITIES = ((9, 0),)
 
@@ -468,7 +468,16 @@ def _prepare_cute(layer: "MoELayer") -> dict:
     capability = torch.cuda.get_device_capability(layer.w13.device)
     module = _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")[0]
     packed = layer.w13 if layer.w13_layout is W13Layout.CHUNKED else pack_gate_up_rows(layer.w13)
-    return {"module": module, "packed_w13": packed}
+    prepared = {"module": module, "packed_w13": packed}
+    if hasattr(module, "default_overrides_tuning"):  # sm90: the layer's two GEMM problems, for the tuning lookup
+        on_input = layer.config.router_weight_on is RouterWeightOn.INPUT
+        prepared["problems"] = (
+            module.Sm90Problem(GemmStage.GEMM1, 2 * layer.intermediate, layer.hidden_size, layer.num_experts,
+                               layer.w13.dtype, layer.config.activation, layer.b13 is not None),
+            module.Sm90Problem(GemmStage.GEMM2, layer.hidden_size, layer.intermediate, layer.num_experts,
+                               layer.w13.dtype, None, layer.b2 is not None, not on_input),
+        )
+    return prepared
 
 
 def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
@@ -480,8 +489,12 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     config = layer.config
     top_k = topk_ids.shape[1]
     on_input = config.router_weight_on is RouterWeightOn.INPUT
+    # GEMM2's row scale: the router weight of each row's slot, written by the gather launch (padding rows: any
+    # value, never read); combine then sums the k rows of a token in fixed order without weights
+    row_scale = None if on_input else torch.empty(disp.sorted_slots.shape[0], dtype=torch.float32, device=hidden.device)
     a1 = _router_api().gather(
-        hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend()
+        hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend(),
+        slot_weights=None if on_input else topk_weights, row_weights_out=row_scale,
     )
     # Tuned kernel configurations for this batch's bucket (host-only lookup; None = the family default).
     cfg1, cfg2, _ = tuning.kernel_configs_for_layer(
@@ -490,25 +503,17 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         gemm2_row_scale=not on_input,
     )
     # sm90: the family default for the batch's average rows per expert (few rows: the swapped-operand decode
-    # kernel). `moe2cta tune` has no swapped-operand candidates yet and its decode entries keep the regular
-    # 128-row default, which the decode kernel beats by 15-45% (docs/perf-notes-sm90.md v5): it wins there.
+    # kernel; up to a few hundred: the wide swapped-operand kernel). `moe2cta tune` has no swapped-operand
+    # candidates yet and its entries there keep a regular 128-row kernel, which those beat
+    # (docs/perf-notes-sm90.md v5, v9): the default wins where it is a swapped-operand kernel.
     hint = {}
     if prefix == "sm90":
         rows_per_expert = hidden.shape[0] * top_k / max(1, layer.num_global_experts)
         hint["rows_per_expert"] = rows_per_expert
-        if rows_per_expert <= module.SWAPPED_MAX_ROWS_PER_EXPERT:
+        if any(module.default_overrides_tuning(p, rows_per_expert) for p in prepared["problems"]):
             cfg1 = cfg2 = None
     a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=layer.b13,
                config=cfg1, **hint)
-    # The router weight of each row's slot multiplies in GEMM2's epilogue (padding rows: any weight, never
-    # read); combine then sums the k rows of a token in fixed order without weights.
-    row_scale = None
-    if not on_input:
-        flat = topk_weights.reshape(-1)
-        if flat.numel():
-            row_scale = flat[disp.sorted_slots.clamp(min=0)]
-        else:  # T = 0: nothing to gather from; every row is padding
-            row_scale = flat.new_zeros(disp.sorted_slots.shape)
     y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=layer.b2, config=cfg2, **hint)
     return _router_api().combine(
         y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()

@@ -345,9 +345,14 @@ def _check_dispatch(disp):
 
 
 def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor | None = None,
-           out: torch.Tensor | None = None, backend: RouterBackend | str = RouterBackend.AUTO) -> torch.Tensor:
+           out: torch.Tensor | None = None, backend: RouterBackend | str = RouterBackend.AUTO,
+           slot_weights: torch.Tensor | None = None, row_weights_out: torch.Tensor | None = None) -> torch.Tensor:
     """hidden [T, H] -> a1 [max_rows, H]: a1[slot_rows[s]] = hidden[s // k] (* scale[s]). TRITON leaves
-    padding rows untouched (out=None: uninitialized); TORCH zeroes them."""
+    padding rows untouched (out=None: uninitialized); TORCH zeroes them.
+
+    slot_weights [T, k] fp32 with row_weights_out [max_rows] fp32 (both or neither): also
+    row_weights_out[slot_rows[s]] = slot_weights.flat[s], the router weight of each row in expert order (GEMM2's
+    row scale), in the same launch; its padding rows are left as they are."""
     _check_tensor("hidden", hidden, 2, _ACT_DTYPES)
     _check_dispatch(disp)
     num_tokens, hidden_size = hidden.shape
@@ -358,12 +363,25 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
         if tuple(scale.shape) != (num_tokens, top_k):
             raise ValueError(f"scale: expected shape ({num_tokens}, {top_k}), got {tuple(scale.shape)}")
     max_rows = disp.sorted_slots.numel()
+    if (slot_weights is None) != (row_weights_out is None):
+        raise ValueError("slot_weights, row_weights_out: pass both (the router weights and the [max_rows] output) or neither")
+    if slot_weights is not None:
+        _check_tensor("slot_weights", slot_weights, 2, (torch.float32,))
+        if tuple(slot_weights.shape) != (num_tokens, top_k):
+            raise ValueError(f"slot_weights: expected shape ({num_tokens}, {top_k}), got {tuple(slot_weights.shape)}")
+        _check_tensor("row_weights_out", row_weights_out, 1, (torch.float32,))
+        if row_weights_out.shape[0] != max_rows or not row_weights_out.is_contiguous():
+            raise ValueError(f"row_weights_out: expected a contiguous [{max_rows}] tensor, got {tuple(row_weights_out.shape)}")
     if out is not None:
         _check_tensor("out", out, 2, (hidden.dtype,))
         if out.shape[0] < max_rows or out.shape[1] != hidden_size or out.stride(1) != 1:
             raise ValueError(f"out: expected >= {max_rows} contiguous rows of {hidden_size}, got {tuple(out.shape)}")
     if _resolve(backend, hidden) is RouterBackend.TORCH:
         a1 = gather_reference(hidden, disp, top_k, scale)
+        if slot_weights is not None:
+            rows = disp.slot_rows.long()
+            valid = rows >= 0
+            row_weights_out[rows[valid]] = slot_weights.reshape(-1)[valid]
         if out is None:
             return a1
         out[:max_rows].copy_(a1)
@@ -380,11 +398,14 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     block_h, num_warps = permute_launch_params(hidden_size, hidden.element_size())
     block_s = 4
     scale_arg = scale.contiguous() if scale is not None else disp.slot_rows
+    weights_arg = slot_weights.contiguous() if slot_weights is not None else disp.slot_rows  # (unused when None)
     grid = (_cdiv(num_slots, block_s), _cdiv(hidden_size, block_h))
     jit_functions().gather_kernel[grid](
-        hidden, scale_arg, disp.slot_rows, out, num_slots, hidden_size, hidden.stride(0), out.stride(0),
-        TOP_K=top_k, HAS_SCALE=scale is not None, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=num_warps,
-        **_dependent_launch(hidden.device, num_slots),
+        hidden, scale_arg, disp.slot_rows, out, weights_arg,
+        row_weights_out if row_weights_out is not None else disp.slot_rows, num_slots, hidden_size,
+        hidden.stride(0), out.stride(0),
+        TOP_K=top_k, HAS_SCALE=scale is not None, BLOCK_S=block_s, BLOCK_H=block_h,
+        ROW_WEIGHTS=slot_weights is not None, num_warps=num_warps, **_dependent_launch(hidden.device, num_slots),
     )
     return out
 

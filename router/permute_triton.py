@@ -2,7 +2,8 @@
 
 gather_kernel: grid (cdiv(T*k, BLOCK_S), cdiv(H, BLOCK_H)). A program takes a block of slots s = t*k + j,
   reads slot_rows[s] (padded row or -1) and copies hidden[s // k, h-block] to a1[row, h-block], optionally
-  times scale[s] (fp32 math, rounded once to the activation dtype). Work is per slot, so the grid is static
+  times scale[s] (fp32 math, rounded once to the activation dtype); with ROW_WEIGHTS the programs of the first
+  h-block also write row_weights[row] = slot_weights[s] (GEMM2's per-row router weight, no extra launch). Work is per slot, so the grid is static
   (T*k) and never walks the padding rows: they are left untouched (docs/design.md allows it). Rows are
   contiguous in H: with H a multiple of 8 (bf16/fp16) Triton issues 16-byte vector loads and stores.
 combine_kernel: grid (cdiv(T, BLOCK_T), cdiv(H, BLOCK_H)). A program owns a block of tokens and columns
@@ -23,9 +24,10 @@ __all__ = ["jit_functions", "permute_launch_params"]
 
 
 def gather_kernel(
-    hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, num_slots, hidden_size, stride_hidden, stride_a1,
+    hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, slot_weights_ptr, row_weights_ptr, num_slots, hidden_size,
+    stride_hidden, stride_a1,
     TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr = 0,
+    ROW_WEIGHTS: tl.constexpr = False, DEPENDENT_LAUNCH: tl.constexpr = 0,
 ):
     if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
@@ -44,6 +46,10 @@ def gather_kernel(
         s = tl.load(scale_ptr + slots, mask=valid, other=0.0).to(tl.float32)
         x = (x.to(tl.float32) * s[:, None]).to(a1_ptr.dtype.element_ty)
     tl.store(a1_ptr + rows.to(tl.int64)[:, None] * stride_a1 + cols[None, :], x, mask=m)
+    if ROW_WEIGHTS:
+        if tl.program_id(1) == 0:
+            w = tl.load(slot_weights_ptr + slots, mask=valid, other=0.0)
+            tl.store(row_weights_ptr + rows.to(tl.int64), w, mask=valid)
 
 
 def combine_kernel(

@@ -80,6 +80,9 @@ triton-tests)
 memcheck-triton)  # compute-sanitizer memcheck on the Triton GEMM GPU tests with TMA loads (both w13 layouts, N tails)
     step memcheck-triton 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu \
         -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_triton_gemm.py" -k "tma_tile_load_gpu or activations_bias" ;;
+router-gather-tests)  # the gather (with the GEMM2 row weights it writes) and combine tests of the router tier, on the GPU
+    step router-gather-tests 120 python3 -m pytest -q -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_router_triton.py" \
+        -k "gather or combine" ;;
 sm90-tests)
     step sm90-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_sm90_gpu.py" ;;
 router-tests)
@@ -100,6 +103,20 @@ layer-decode)  # decode cells of the three models with the smallest floors at T=
 router-default)
     step router-default 60 python3 -m moe2cta.serving_bench.router_bench --experts 128 --top-k 8 --tokens 1 512 4096 32768 \
         --out "$out/router-default" ;;
+wide-checks)  # the wide swapped-operand kernels (and the swapped decode kernels beside them) over the four routings
+    step wide-checks 200 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
+        --no-pingpong --only ${WIDE_CHECKS:-g1_swiglu_wide256 g1_gelu_wide128_step16 g1_oai_bias_wide256_dynamic \
+        g1_swiglu_wide256_dynamic_many g2_rowscale_bias_wide256_dynamic_many g2_plain_wide256_n64_along_m \
+        g2_rowscale_wide256_one_size g1_swiglu_wide256_decode g1_swiglu_swapped16 g1_oai_bias_swapped32_dynamic \
+        g2_rowscale_bias_swapped16 g2_rowscale_swapped16_dynamic_many} --json "$out/wide-checks.json" ;;
+racecheck-wide)  # shared-memory hazards of the wide kernels (per-unit transaction bytes, partial token tiles)
+    step racecheck-wide 150 compute-sanitizer --tool racecheck --racecheck-report hazard \
+        python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench --no-pingpong \
+        --routings random zero_experts --only g1_oai_bias_wide256_dynamic g2_plain_wide256_n64_along_m g1_gelu_wide128_step16 ;;
+memcheck-wide)
+    step memcheck-wide 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench --no-pingpong \
+        --routings zero_experts one_expert --only g1_oai_bias_wide256_dynamic g2_rowscale_wide256_one_size ;;
 checks)  # every check variant (regular, swapped, ping-pong) over the four routings, no timings
     step checks 120 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
         --json "$out/checks.json" ;;

@@ -107,6 +107,16 @@ def check_variants():
         ("g2_rowscale_swapped16_dynamic_many", swapped(16, 128, scheduler=s90.Scheduler.DYNAMIC), p2),
         ("g1_swiglu_swapped16_decode", swapped(16, 128), p1),
         ("g2_rowscale_swapped16_decode", swapped(16, 128), p2),
+        # wide swapped operands: 128/256-row token tiles whose wgmma N is the unit's valid rows rounded up to
+        # token_step (every N size occurs: 1..299 rows per expert in zero_experts, 150 in random, 1200 in one)
+        ("g1_swiglu_wide256", wide(256, 128), p1),
+        ("g1_gelu_wide128_step16", wide(128, 128, token_step=16), p1_gelu),
+        ("g1_oai_bias_wide256_dynamic", wide(256, 128, scheduler=s90.Scheduler.DYNAMIC), p1_oai),
+        ("g1_swiglu_wide256_dynamic_many", wide(256, 128, scheduler=s90.Scheduler.DYNAMIC), p1),
+        ("g2_rowscale_bias_wide256_dynamic_many", wide(256, 128, scheduler=s90.Scheduler.DYNAMIC), p2_bias),
+        ("g2_plain_wide256_n64_along_m", wide(256, 64, raster=s90.Raster.ALONG_M), p2_plain),
+        ("g2_rowscale_wide256_one_size", wide(256, 128, token_step=0), p2),
+        ("g1_swiglu_wide256_decode", wide(256, 128), p1),
     ]
 
 
@@ -114,6 +124,12 @@ def swapped(tile_m: int, tile_n: int, tile_k: int = 128, scheduler=None, raster=
     """A WEIGHTS_AS_M (decode) configuration."""
     return Cfg(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, operands=s90.Operands.WEIGHTS_AS_M,
                scheduler=scheduler or s90.Scheduler.STATIC, raster=raster or s90.Raster.ALONG_M)
+
+
+def wide(tile_m: int, tile_n: int, token_step: int = 32, scheduler=None, raster=None):
+    """A wide WEIGHTS_AS_M configuration (token tiles of 128/256 rows, wgmma N chosen per unit)."""
+    return Cfg(tile_m=tile_m, tile_n=tile_n, tile_k=64, operands=s90.Operands.WEIGHTS_AS_M, token_step=token_step,
+               scheduler=scheduler or s90.Scheduler.STATIC, raster=raster or s90.Raster.ALONG_N)
 
 
 BENCH_MODELS = {"qwen3-30b-a3b": (2048, 768, 128, 8)}  # H, I, E, top_k

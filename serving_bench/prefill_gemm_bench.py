@@ -57,8 +57,18 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
     rep = dataclasses.replace
     default = s90.default_config(problem, rows_per_expert=rows_per_expert)
     regular = default.operands is s90.Operands.TOKENS_AS_M
+    wide = s90.wide_config(problem)
     return {
         "default": default,
+        # the regular (TOKENS_AS_M) kernel the layer would run for this many rows without the wide one
+        "regular": s90.regular_config(problem, rows_per_expert=rows_per_expert),
+        # the wide WEIGHTS_AS_M kernel (None where N fits no wide tile) and alternatives of it
+        "wide": wide,
+        "wide_step16": wide and rep(wide, token_step=16),
+        "wide_step64": wide and rep(wide, token_step=64),
+        "wide128": wide and rep(wide, tile_m=128),
+        "wide_static": wide and rep(wide, scheduler=STATIC),
+        "wide_along_m": wide and rep(wide, raster=s90.Raster.ALONG_M),
         # the default with the other PaddingRows choice (the regular kernel's only)
         "padding_flip": rep(default, padding_rows=s90.PaddingRows.MULTIPLY
                             if default.padding_rows is s90.PaddingRows.SKIP else s90.PaddingRows.SKIP)
@@ -91,7 +101,7 @@ def build(models, out_dir: str) -> None:
     for name in models:
         preset = get_preset(name)
         for problem in problems_of(preset):
-            extra += [(cfg, problem) for cfg in dict.fromkeys(variant_configs(problem).values())]
+            extra += [(cfg, problem) for cfg in dict.fromkeys(variant_configs(problem).values()) if cfg is not None]
         written = s90.compile_for_preset(preset, out_dir, extra_configs=extra)
         extra = []
         print(f"{name}: {len(written)} kernels -> {out_dir}", flush=True)
@@ -171,8 +181,17 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
     cfgs1, cfgs2 = variant_configs(p1, rows / e), variant_configs(p2, rows / e)
     candidates = []  # (label, gemm, fn(copy index))
     for label, kdir in bundles:
+        timed = {}  # (GEMM1, GEMM2) configurations -> the variant timing them
         for v in variants:
             name = f"cute-{label}" + ("" if v == "default" else f"-{v}")
+            if cfgs1[v] is None or cfgs2[v] is None:
+                print(f"{preset.name:16s} T={tokens:6d} {name}: no such configuration for this model, skipped", flush=True)
+                continue
+            if (cfgs1[v], cfgs2[v]) in timed:
+                print(f"{preset.name:16s} T={tokens:6d} {name}: the configurations of {timed[cfgs1[v], cfgs2[v]]}, "
+                      "skipped", flush=True)
+                continue
+            timed[cfgs1[v], cfgs2[v]] = v
             missing = [cfg for cfg, p in ((cfgs1[v], p1), (cfgs2[v], p2))
                        if not (pathlib.Path(kdir) / f"{s90.kernel_key(cfg, p).file_stem()}.so").exists()]
             if missing:

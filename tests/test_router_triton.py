@@ -201,6 +201,32 @@ def test_gather_matches_reference(dtype, hidden_size, with_scale):
         assert torch.equal(got[valid].cpu(), want[valid].cpu())
 
 
+@pytest.mark.parametrize("backend", [TRITON, RouterBackend.TORCH])
+def test_gather_writes_row_weights(backend):
+    """With slot_weights, the gather also writes each valid row's router weight (GEMM2's row scale) and leaves
+    the padding rows and off-rank slots (row -1) alone; the weights are fp32 and exact."""
+    num_tokens, top_k, hidden_size = 11, 4, 40
+    ids = _random_ids(num_tokens, top_k, 16, torch.Generator().manual_seed(3))
+    expert_map = torch.where(torch.arange(16) < 12, torch.arange(16), -1).to(torch.int32)
+    ids, expert_map = ids.to(DEVICE), expert_map.to(DEVICE)
+    disp = dispatch_reference(ids, 12, align=8, expert_map=expert_map)
+    hidden = torch.randn(num_tokens, hidden_size, device=DEVICE).to(torch.float16)
+    weights = torch.rand(num_tokens, top_k, device=DEVICE)
+    row_w = torch.full((disp.sorted_slots.numel(),), -7.0, device=DEVICE)
+    got = gather(hidden, disp, top_k, backend=backend, slot_weights=weights, row_weights_out=row_w)
+    slots = disp.sorted_slots.long().cpu()
+    valid = slots >= 0
+    assert torch.equal(got[valid.to(got.device)].cpu(), gather_reference(hidden, disp, top_k)[valid.to(got.device)].cpu())
+    assert torch.equal(row_w.cpu()[valid], weights.reshape(-1).cpu()[slots[valid]])
+    assert bool((row_w.cpu()[~valid] == -7.0).all())  # padding rows untouched
+    with pytest.raises(ValueError, match="slot_weights, row_weights_out"):
+        gather(hidden, disp, top_k, backend=backend, slot_weights=weights)
+    with pytest.raises(ValueError, match="row_weights_out"):
+        gather(hidden, disp, top_k, backend=backend, slot_weights=weights, row_weights_out=row_w[:-1])
+    with pytest.raises(TypeError, match="slot_weights"):
+        gather(hidden, disp, top_k, backend=backend, slot_weights=weights.half(), row_weights_out=row_w)
+
+
 @pytest.mark.parametrize("dtype,out_dtype,with_weights", [(torch.float16, None, True), (torch.float32, None, False),
                                                           (torch.bfloat16, torch.float32, True)])
 def test_combine_matches_reference(dtype, out_dtype, with_weights):

@@ -98,8 +98,10 @@ def test_stage_count_fits_the_smem_budget():
 def test_every_preset_has_configs():
     for preset in PRESETS.values():
         configs = s90.preset_configs(preset)
-        swapped = [cfg for cfg, _ in configs if cfg.operands is s90.Operands.WEIGHTS_AS_M]
-        regular = {(p.kind, c.scheduler, c.raster, c.work_unit) for c, p in configs if c not in swapped}
+        swapped = [cfg for cfg, _ in configs if cfg.operands is s90.Operands.WEIGHTS_AS_M and not cfg.wide]
+        wide = [(cfg, p) for cfg, p in configs if cfg.wide]
+        assert {p.kind for _, p in wide} == {G1, G2}
+        regular = {(p.kind, c.scheduler, c.raster, c.work_unit) for c, p in configs if c.operands is s90.Operands.TOKENS_AS_M}
         S, D, N, GM = s90.Scheduler.STATIC, s90.Scheduler.DYNAMIC, s90.Raster.ALONG_N, s90.Raster.GROUPED_M
         # per GEMM: the defaults for <= 128 and > 128 rows per expert, STATIC and PAIR alternatives
         assert regular == {(kind, *v) for kind in (G1, G2) for v in
@@ -132,7 +134,7 @@ def test_swapped_operands_limits():
     p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
     W = s90.Operands.WEIGHTS_AS_M
     assert s90.can_implement(s90.Sm90GemmConfig(tile_m=16, tile_n=128, operands=W), p1) == (True, "")
-    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=128, tile_n=128, operands=W), p1)
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=96, tile_n=128, operands=W), p1)
     assert not ok and "tile_m" in why
     ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=16, tile_n=96, operands=W), p1)
     assert not ok and "tile_n" in why
@@ -142,6 +144,30 @@ def test_swapped_operands_limits():
     assert not ok and "tile_m" in why
 
 
+def test_wide_swapped_limits_and_key():
+    """Wide WEIGHTS_AS_M tiles: 128/256 token rows, 64/128 weight rows, a token_step of 8k dividing tile_m;
+    decode tiles and TOKENS_AS_M take no token_step; the step is part of the key of wide kernels only."""
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    W = s90.Operands.WEIGHTS_AS_M
+    wide = s90.Sm90GemmConfig(tile_m=256, tile_n=128, tile_k=64, operands=W, token_step=32)
+    assert wide.wide and s90.can_implement(wide, p1) == (True, "")
+    assert s90.can_implement(dataclasses.replace(wide, tile_m=128, token_step=0), p1) == (True, "")
+    for bad, word in ((dataclasses.replace(wide, tile_n=256), "tile_n"), (dataclasses.replace(wide, token_step=24), "token_step"),
+                      (dataclasses.replace(wide, token_step=12), "token_step"), (dataclasses.replace(wide, token_step=-8), "token_step"),
+                      (dataclasses.replace(wide, token_step=True), "token_step"),
+                      (s90.Sm90GemmConfig(tile_m=16, tile_n=128, operands=W, token_step=8), "token_step"),
+                      (s90.Sm90GemmConfig(token_step=32), "token_step")):
+        ok, why = s90.can_implement(bad, p1)
+        assert not ok and why.startswith(word), (bad, why)
+    stems = {s90.kernel_key(dataclasses.replace(wide, token_step=t), p1).file_stem() for t in (16, 32)}
+    assert len(stems) == 2 and all("token-step" in stem or "token_step" in stem for stem in stems)
+    assert "token" not in s90.kernel_key(s90.swapped_config(p1, 1), p1).file_stem()
+    # N = 2880 (gpt-oss GEMM2) is no multiple of 128: the wide tile takes 64 weight rows (one warpgroup)
+    p2 = s90.Sm90Problem(G2, 2880, 2880, 128, torch.bfloat16, None, True, True)
+    assert s90.wide_config(p2).tile_n == 64 and s90.wide_config(p1).tile_n == 128
+    assert s90.wide_config(s90.Sm90Problem(G2, 2888, 2880, 128, torch.bfloat16, None, True, True)) is None
+
+
 def test_default_config_by_rows_per_expert():
     p2 = s90.Sm90Problem(G2, 2048, 768, 128, torch.bfloat16, None, False, True)
     assert s90.default_config(p2).operands is s90.Operands.TOKENS_AS_M
@@ -149,14 +175,34 @@ def test_default_config_by_rows_per_expert():
     assert (few.operands, few.tile_m) == (s90.Operands.WEIGHTS_AS_M, 16)
     assert s90.default_config(p2, rows_per_expert=8).tile_m == 16
     assert s90.default_config(p2, rows_per_expert=16).tile_m == 32
-    assert s90.default_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT).tile_m == 64
+    assert s90.swapped_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT).tile_m == 64
     assert few.raster is s90.Raster.ALONG_N and few.tile_n == 128
     # regular kernel: DYNAMIC; ALONG_N while experts hold about one m-block, GROUPED_M above (or unknown)
-    many = s90.default_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1)
+    # the wide swapped kernel where it measured best: GEMM2 at 16-32 rows per expert (128-row token tiles), and
+    # both GEMMs of layers with few experts at 32-192 rows (256-row token tiles); the regular kernel elsewhere
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    lo, hi = s90.WIDE_GEMM2_ROWS_PER_EXPERT
+    for rows in (lo + 0.5, hi):
+        mid = s90.default_config(p2, rows_per_expert=rows)
+        assert (mid.wide, mid.tile_m, mid.scheduler) == (True, 128, s90.Scheduler.STATIC)
+        assert s90.default_overrides_tuning(p2, rows) and s90.default_overrides_tuning(p1, rows)  # decode GEMM1
+        assert not s90.default_config(p1, rows_per_expert=rows).wide
+    assert s90.default_config(p2, rows_per_expert=lo).tile_m == 32  # the decode kernel below the range
+    mixtral2 = s90.Sm90Problem(G2, 4096, 14336, 8, torch.bfloat16, None, False, True)
+    lo, hi = s90.WIDE_ROWS_PER_EXPERT
+    for rows in (lo + 1, 128, hi):
+        for problem in (mixtral2, s90.Sm90Problem(G1, 28672, 4096, 8, torch.bfloat16, Activation.SWIGLU)):
+            mid = s90.default_config(problem, rows_per_expert=rows)
+            assert (mid.wide, mid.tile_m, mid.scheduler) == (True, 256, s90.Scheduler.STATIC), (problem, rows)
+        assert not s90.default_config(p2, rows_per_expert=rows).wide  # 128 experts: the regular kernel
+    assert not s90.default_config(mixtral2, rows_per_expert=hi + 1).wide
+    assert not s90.default_overrides_tuning(mixtral2, hi + 1) and not s90.default_overrides_tuning(p2, None)
+    assert not s90.default_overrides_tuning(p2, 128)
+    many = s90.regular_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1)
     assert (many.operands, many.scheduler, many.raster) == (s90.Operands.TOKENS_AS_M, s90.Scheduler.DYNAMIC,
                                                             s90.Raster.ALONG_N)
-    assert s90.default_config(p2, rows_per_expert=s90.GROUPED_RASTER_MIN_ROWS).raster is s90.Raster.ALONG_N
-    for rows in (s90.GROUPED_RASTER_MIN_ROWS + 1, None):
+    assert s90.regular_config(p2, rows_per_expert=s90.GROUPED_RASTER_MIN_ROWS).raster is s90.Raster.ALONG_N
+    for rows in (max(hi, s90.GROUPED_RASTER_MIN_ROWS) + 1, None):
         grouped = s90.default_config(p2, rows_per_expert=rows)
         assert (grouped.scheduler, grouped.raster, grouped.raster_group_m) == (
             s90.Scheduler.DYNAMIC, s90.Raster.GROUPED_M, s90.GROUPED_RASTER_GROUP_M)
@@ -348,6 +394,40 @@ def test_compile_swapped_and_check_ptx(name, config, problem):
     assert "cp.async.bulk.tensor.2d.global.shared::cta" not in ptx and "st.global" in ptx  # register stores
     assert ("atom.global" in ptx or "red.global" in ptx) == (config.scheduler is s90.Scheduler.DYNAMIC)
     assert "shfl.sync.up" in ptx  # the per-CTA prefix sum of token tiles
+
+
+WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
+    ("wide256_swiglu_dynamic", s90.wide_config(s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
+    ("wide128_oai_bias_step16_static",
+     s90.Sm90GemmConfig(tile_m=128, tile_n=128, tile_k=64, operands=s90.Operands.WEIGHTS_AS_M, token_step=16),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, True)),
+    ("wide256_rowscale_bias_n64", s90.wide_config(s90.Sm90Problem(G2, 192, 128, 4, torch.bfloat16, None, True, True)),
+     s90.Sm90Problem(G2, 192, 128, 4, torch.bfloat16, None, True, True)),
+]
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("name,config,problem", WIDE, ids=[s[0] for s in WIDE])
+def test_compile_wide_and_check_ptx(name, config, problem, tmp_path):
+    """One wgmma N per token_step multiple up to tile_m (the per-unit choice), 64-row token boxes and the
+    weight tile by TMA, the stage's transaction bytes set per unit (mbarrier.arrive.expect_tx with a register
+    count), an SMEM-staged epilogue; ptxas keeps the wgmma pipelined in every branch and spills nothing."""
+    assert config.wide
+    ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    step = config.token_step or config.tile_m
+    assert shapes == {f"m64n{n}k16" for n in range(step, config.tile_m + 1, step)}
+    assert "cp.async.bulk.tensor.2d.shared::cta.global" in ptx and "cp.async.bulk.tensor.3d.shared::cta.global" in ptx
+    assert re.search(r"mbarrier\.arrive\.expect_tx\.shared(::cta)?\.b64\s+\S+, \[%r\d+\], %r\d+;", ptx)
+    assert "multicast::cluster" not in ptx
+    # epilogue: stmatrix.trans into the SMEM staging tile, 16-byte row stores to global memory
+    assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and "st.global.v4.b32" in ptx
+    assert ("atom.global" in ptx or "red.global" in ptx) == (config.scheduler is s90.Scheduler.DYNAMIC)
+    if _ptxas() is not None:
+        report = _ptxas_report(ptx, tmp_path)
+        assert "C7520" not in report and "C7519" not in report, report
+        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", report), report
 
 
 def test_pingpong_limits():
