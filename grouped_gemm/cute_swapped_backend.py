@@ -58,7 +58,7 @@ from cutlass.experimental import primitives as prims
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from .cute_backend import CONSUMERS_COOPERATIVE, SCHED_DYNAMIC, RASTER_N, Sm90GroupedGemmKernel
-from .sm90_grouped_gemm import WIDE_EPI_PAD, WIDE_EPI_ROWS, WIDE_ROW_ALIGN
+from .sm90_grouped_gemm import WIDE_EPI_PAD, WIDE_ROW_ALIGN, wide_epilogue_rows
 
 WIDE_MIN_TILE_M = 64  # token tiles above this are "wide": several consumer warpgroups, wgmma N chosen per unit
 WIDE_TOKEN_BOX = WIDE_ROW_ALIGN  # rows per TMA box of a wide token tile
@@ -77,7 +77,8 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             raster=raster, num_sms=num_sms, consumers=CONSUMERS_COOPERATIVE,
         )
         self.wide = tile_m > WIDE_MIN_TILE_M
-        self.num_consumer_wg = tile_n // 64 if self.wide else 1
+        # wide: two consumer warpgroups (one for 64 weight rows), each 64 or 128 weight rows (1 or 2 wgmma atoms)
+        self.num_consumer_wg = min(2, tile_n // 64) if self.wide else 1
         self.mma_wg = self.num_consumer_wg
         self.threads = (1 + self.num_consumer_wg) * self.threads_per_wg
         self.num_consumer_threads = self.num_consumer_wg * self.threads_per_wg
@@ -89,8 +90,9 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         self.token_box = WIDE_TOKEN_BOX if self.wide else tile_m
         self.token_boxes = tile_m // self.token_box
         self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
-        self.epi_pitch = self.out_tile_n + WIDE_EPI_PAD  # wide epilogue: SMEM [WIDE_EPI_ROWS tokens][out columns]
-        self.epi_elems = WIDE_EPI_ROWS * self.epi_pitch if self.wide else 8
+        self.epi_rows = wide_epilogue_rows(tile_n)  # wide epilogue: SMEM [epi_rows tokens][out columns + pad]
+        self.epi_pitch = self.out_tile_n + WIDE_EPI_PAD
+        self.epi_elems = self.epi_rows * self.epi_pitch if self.wide else 8
 
     # ------------------------------------------------------------------ host side (trace time)
     @cute.jit
@@ -245,7 +247,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         sT = storage.sT.get_tensor(t_smem_staged.outer, swizzle=t_smem_staged.inner)
         sT_box = storage.sT.get_tensor(t_box_staged.outer, swizzle=t_box_staged.inner)
         sW = storage.sW.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
-        sOut = storage.sOut.get_tensor(cute.make_layout((WIDE_EPI_ROWS, self.epi_pitch), stride=(self.epi_pitch, 1))
+        sOut = storage.sOut.get_tensor(cute.make_layout((self.epi_rows, self.epi_pitch), stride=(self.epi_pitch, 1))
                                        if self.wide else cute.make_layout(self.epi_elems))
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
         s_rows = storage.expert_rows.get_tensor(cute.make_layout(self.num_experts + 1))
@@ -372,7 +374,8 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                             tCrW_v = mma_v.make_fragment_A(thr_v.partition_A(sW))
                             tCrT_v = mma_v.make_fragment_B(thr_v.partition_B(sT_v))
                             acc_v = cute.make_tensor(
-                                acc.iterator, cute.make_layout(thr_v.partition_shape_C((self.tile_n, n_rows)))
+                                acc.iterator,
+                                cute.make_layout(thr_v.partition_shape_C((self.tile_n, n_rows)), stride=acc.layout.stride),
                             )
                             mma_v.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                             for k in cutlass.range(k_tiles, unroll=1):
@@ -417,80 +420,91 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
     def store_wide(self, acc, sOut, mC, expert, nb, row0, valid, bias, row_scale, ctidx):
         """Wide units: acc[weight row w, token t] -> C[row0 + t, column of w] for t < valid.
 
-        Each consumer warp holds 16 weight rows (lane: rows lane / 4 and + 8, tokens 2 * (lane % 4) + j of every
-        8-token group g: accumulator index j + 2h + 4g). The epilogue math runs in registers first, so that its
-        global loads (bias, row scale) all issue before any store; then per WIDE_EPI_ROWS tokens the values go to
-        SMEM [token][output column] by stmatrix.trans (an 8x8 fragment of 8 weight rows x 8 tokens is stored as
-        8 token rows of 8 contiguous columns) and from there to global memory in 16-byte row pieces, only the
-        rows of valid tokens (the rows after them belong to the padding or to the next expert)."""
+        Consumer warp c holds 16 weight rows of each of its warpgroup's wgmma atoms (atom a: rows 64 * W * a +
+        16 * c + lane / 4 and + 8, W warpgroups) for tokens 2 * (lane % 4) + j of every 8-token group g, at
+        accumulator index j + 2h + 4g + (tile_m / 2) a. The epilogue math runs in registers first, so that its
+        global loads (bias, row scale) all issue before any store; then per epi_rows tokens the values go to SMEM
+        [token][output column] by stmatrix.trans (an 8x8 fragment of 8 weight rows x 8 tokens is stored as 8
+        token rows of 8 contiguous columns) and from there to global memory in 16-byte row pieces, only the rows
+        of valid tokens (the rows after them belong to the padding or to the next expert)."""
         warp = ctidx // 32
         lane = ctidx % 32
         quad = lane % 4
-        wrow = warp * 16 + lane // 4  # this lane's weight row (h = 0) in the unit; h = 1 is wrow + 8
         n0 = nb * self.tile_n
         out0 = nb * self.out_tile_n
         last = row0 + valid - 1
         groups = self.tile_m // 8
-        per_group = 2 if self.gated else 4  # output values per thread per 8-token group
-        vals = cute.make_rmem_tensor((groups * per_group,), self.c_dtype)
-        if cutlass.const_expr(self.gated):
-            b_gate = cutlass.Float32(0.0)
-            b_up = cutlass.Float32(0.0)
-            if cutlass.const_expr(self.has_bias):
-                b_gate = bias[expert, n0 + wrow]
-                b_up = bias[expert, n0 + wrow + 8]
+        atoms = cute.size(acc, mode=[1])  # wgmma atoms (of 64 weight rows) per warpgroup
+        atom_rows = 64 * self.num_consumer_wg
+        per_group = 2 if self.gated else 4  # output values per thread per 8-token group and atom
+        vals = cute.make_rmem_tensor((atoms * groups * per_group,), self.c_dtype)
+        scales = [cutlass.Float32(1.0)] * (2 * groups)
+        if cutlass.const_expr(self.has_row_scale):
             for g in cutlass.range_constexpr(groups):
                 for j in cutlass.range_constexpr(2):
-                    gate = acc[j + 4 * g] + b_gate
-                    up = acc[j + 2 + 4 * g] + b_up
-                    vals[j + 2 * g] = self.activation(gate, up).to(self.c_dtype)
-        else:
-            b_h = [cutlass.Float32(0.0), cutlass.Float32(0.0)]
-            if cutlass.const_expr(self.has_bias):
-                b_h = [bias[expert, n0 + wrow], bias[expert, n0 + wrow + 8]]
-            for g in cutlass.range_constexpr(groups):
-                for j in cutlass.range_constexpr(2):
-                    scale = cutlass.Float32(1.0)
-                    if cutlass.const_expr(self.has_row_scale):
-                        scale = row_scale[cutlass.min(row0 + 8 * g + 2 * quad + j, last)]
-                    for h in cutlass.range_constexpr(2):
-                        vals[j + 2 * h + 4 * g] = ((acc[j + 2 * h + 4 * g] + b_h[h]) * scale).to(self.c_dtype)
+                    scales[j + 2 * g] = row_scale[cutlass.min(row0 + 8 * g + 2 * quad + j, last)]
+        for a in cutlass.range_constexpr(atoms):
+            wrow = atom_rows * a + warp * 16 + lane // 4  # this lane's weight row (h = 0); h = 1 is wrow + 8
+            base = a * groups * per_group
+            acc0 = a * (self.tile_m // 2)
+            if cutlass.const_expr(self.gated):
+                b_gate = cutlass.Float32(0.0)
+                b_up = cutlass.Float32(0.0)
+                if cutlass.const_expr(self.has_bias):
+                    b_gate = bias[expert, n0 + wrow]
+                    b_up = bias[expert, n0 + wrow + 8]
+                for g in cutlass.range_constexpr(groups):
+                    for j in cutlass.range_constexpr(2):
+                        gate = acc[acc0 + j + 4 * g] + b_gate
+                        up = acc[acc0 + j + 2 + 4 * g] + b_up
+                        vals[base + j + 2 * g] = self.activation(gate, up).to(self.c_dtype)
+            else:
+                b_h = [cutlass.Float32(0.0), cutlass.Float32(0.0)]
+                if cutlass.const_expr(self.has_bias):
+                    b_h = [bias[expert, n0 + wrow], bias[expert, n0 + wrow + 8]]
+                for g in cutlass.range_constexpr(groups):
+                    for j in cutlass.range_constexpr(2):
+                        for h in cutlass.range_constexpr(2):
+                            value = (acc[acc0 + j + 2 * h + 4 * g] + b_h[h]) * scales[j + 2 * g]
+                            vals[base + j + 2 * h + 4 * g] = value.to(self.c_dtype)
         pieces = self.out_tile_n // 8  # 16-byte pieces per output row of the unit
         s8 = cute.zipped_divide(sOut, (1, 8))
         g8 = cute.zipped_divide(mC, (1, 8))
         piece = cute.make_rmem_tensor((8,), self.c_dtype)  # one stmatrix.x4's values
         row_piece = cute.make_rmem_tensor((1, 8), self.c_dtype)  # 16 bytes of one output row
-        chunk_groups = WIDE_EPI_ROWS // 8
-        for ch in cutlass.range_constexpr(self.tile_m // WIDE_EPI_ROWS):
-            if ch * WIDE_EPI_ROWS < valid:  # CTA-uniform
+        chunk_groups = self.epi_rows // 8
+        frag = lane // 8
+        for ch in cutlass.range_constexpr(self.tile_m // self.epi_rows):
+            if ch * self.epi_rows < valid:  # CTA-uniform
                 # registers -> SMEM: one stmatrix.x4.trans stores four 8x8 fragments; lane 8i + r gives the
                 # address of token row r of fragment i
-                frag = lane // 8
-                for q in cutlass.range_constexpr(chunk_groups * per_group // 8):  # 8 values per stmatrix.x4
-                    if cutlass.const_expr(self.gated):  # fragments: 8 output columns x token groups g0 .. g0 + 3
-                        g0 = ch * chunk_groups + 4 * q
-                        for i in cutlass.range_constexpr(4):
-                            for j in cutlass.range_constexpr(2):
-                                piece[2 * i + j] = vals[j + 2 * (g0 + i)]
-                        row = 8 * (4 * q + frag) + lane % 8
-                        col = 8 * warp
-                    else:  # fragments: (h = 0, g0), (h = 1, g0), (h = 0, g0 + 1), (h = 1, g0 + 1)
-                        g0 = ch * chunk_groups + 2 * q
-                        for i in cutlass.range_constexpr(4):
-                            for j in cutlass.range_constexpr(2):
-                                piece[2 * i + j] = vals[j + 2 * (i % 2) + 4 * (g0 + i // 2)]
-                        row = 8 * (2 * q + frag // 2) + lane % 8
-                        col = 16 * warp + 8 * (frag % 2)
-                    prims.stmatrix(sOut.iterator + row * self.epi_pitch + col, piece.load(), prims.MMALayout.COL)
+                for a in cutlass.range_constexpr(atoms):
+                    base = a * groups * per_group
+                    for q in cutlass.range_constexpr(chunk_groups * per_group // 8):  # 8 values per stmatrix.x4
+                        if cutlass.const_expr(self.gated):  # fragments: 8 output columns x token groups g0 .. g0 + 3
+                            g0 = ch * chunk_groups + 4 * q
+                            for i in cutlass.range_constexpr(4):
+                                for j in cutlass.range_constexpr(2):
+                                    piece[2 * i + j] = vals[base + j + 2 * (g0 + i)]
+                            row = 8 * (4 * q + frag) + lane % 8
+                            col = (atom_rows * a) // 2 + 8 * warp
+                        else:  # fragments: (h = 0, g0), (h = 1, g0), (h = 0, g0 + 1), (h = 1, g0 + 1)
+                            g0 = ch * chunk_groups + 2 * q
+                            for i in cutlass.range_constexpr(4):
+                                for j in cutlass.range_constexpr(2):
+                                    piece[2 * i + j] = vals[base + j + 2 * (i % 2) + 4 * (g0 + i // 2)]
+                            row = 8 * (2 * q + frag // 2) + lane % 8
+                            col = atom_rows * a + 16 * warp + 8 * (frag % 2)
+                        prims.stmatrix(sOut.iterator + row * self.epi_pitch + col, piece.load(), prims.MMALayout.COL)
                 self.epi_barrier.arrive_and_wait()
                 # SMEM -> global, 16 bytes per thread and step, rows of valid tokens only
-                for i in cutlass.range_constexpr(WIDE_EPI_ROWS * pieces // self.num_consumer_threads):
+                for i in cutlass.range_constexpr(self.epi_rows * pieces // self.num_consumer_threads):
                     v = ctidx + self.num_consumer_threads * i
                     r = v // pieces
                     p = v % pieces
-                    if ch * WIDE_EPI_ROWS + r < valid:
+                    if ch * self.epi_rows + r < valid:
                         cute.autovec_copy(s8[(None, (r, p))], row_piece)
-                        cute.autovec_copy(row_piece, g8[(None, (row0 + ch * WIDE_EPI_ROWS + r, out0 // 8 + p))])
+                        cute.autovec_copy(row_piece, g8[(None, (row0 + ch * self.epi_rows + r, out0 // 8 + p))])
                 self.epi_barrier.arrive_and_wait()
 
     @cute.jit

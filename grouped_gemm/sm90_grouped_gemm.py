@@ -100,10 +100,14 @@ class Operands(enum.Enum):
 
 SWAPPED_TILE_M = (8, 16, 32, 64)  # token rows per unit with WEIGHTS_AS_M (the wgmma N size)
 WIDE_TILE_M = (128, 256)  # WEIGHTS_AS_M "wide" token tiles: wgmma N per unit = valid rows rounded up to token_step
-WIDE_TILE_N = (64, 128)  # weight rows of a wide unit: one 64-row wgmma atom per consumer warpgroup
+WIDE_TILE_N = (64, 128, 256)  # weight rows of a wide unit: two consumer warpgroups of 1 or 2 wgmma atoms (64: one)
 WIDE_ROW_ALIGN = 64  # wide token tiles are loaded as 64-row TMA boxes: row_offsets must be multiples of it
-WIDE_EPI_ROWS = 64  # token rows per pass of the wide epilogue's SMEM staging tile (cute_swapped_backend.py)
-WIDE_EPI_PAD = 8  # elements of padding per staging row
+WIDE_EPI_PAD = 8  # elements of padding per row of the wide epilogue's SMEM staging tile (cute_swapped_backend.py)
+
+
+def wide_epilogue_rows(tile_n: int) -> int:
+    """Token rows per pass of the wide epilogue's staging tile: 64, or 32 for 256 weight rows (the SMEM budget)."""
+    return 32 if tile_n > 128 else 64
 # Defaults of the swapped (decode) kernel, measured on the H200 (docs/perf-notes-sm90.md, v5): it beats the
 # regular kernel up to ~32 rows per expert; token tiles of 16 rows up to 8 rows per expert on average, 32 up
 # to 16 and 64 up to 32, so that almost every expert fits one tile (a second tile streams the expert's
@@ -200,7 +204,7 @@ def _reserved_bytes(config: Sm90GemmConfig) -> int:
     if config.operands is Operands.WEIGHTS_AS_M:  # one more metadata array (token tiles)
         # decode: no SMEM epilogue; wide: a staging tile of WIDE_EPI_ROWS tokens x (output columns + pad), sized
         # for GEMM2's tile_n output columns (GEMM1 stores half as many)
-        epi = WIDE_EPI_ROWS * (config.tile_n + WIDE_EPI_PAD) * 2 + 128 if config.wide else 0
+        epi = wide_epilogue_rows(config.tile_n) * (config.tile_n + WIDE_EPI_PAD) * 2 + 128 if config.wide else 0
         return BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES * 3 // 2 + 2 * 1024 + epi
     epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES
     # + alignment padding of the three 1 KiB-aligned buffers
@@ -233,8 +237,11 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
                            f"got {config.tile_m}")
         if config.wide:
             if config.tile_n not in WIDE_TILE_N:
-                return False, (f"tile_n: a wide WEIGHTS_AS_M tile takes {WIDE_TILE_N} weight rows (one 64-row wgmma "
-                               f"atom per consumer warpgroup), got {config.tile_n}")
+                return False, (f"tile_n: a wide WEIGHTS_AS_M tile takes {WIDE_TILE_N} weight rows (two consumer "
+                               f"warpgroups of one or two 64-row wgmma atoms), got {config.tile_n}")
+            if config.tile_n * config.tile_m > 256 * 128:
+                return False, (f"tile_m: a wide tile of {config.tile_n} weight rows takes at most {256 * 128 // config.tile_n} "
+                               f"token rows (fp32 accumulator registers), got {config.tile_m}")
             step = config.token_step or config.tile_m
             if step % 8 or config.tile_m % step:
                 return False, f"token_step: expected a multiple of 8 dividing tile_m {config.tile_m}, got {step}"
@@ -319,10 +326,11 @@ def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConf
 
 
 def wide_config(problem: Sm90Problem, tile_m: int = 256, token_step: int = WIDE_TOKEN_STEP,
-                scheduler: Scheduler = Scheduler.STATIC, raster: Raster = Raster.ALONG_N) -> Sm90GemmConfig | None:
-    """The wide WEIGHTS_AS_M kernel for `problem` (128 weight rows per unit, else 64 where N needs it), or None
-    where neither fits."""
-    for tile_n in sorted(WIDE_TILE_N, reverse=True):
+                scheduler: Scheduler = Scheduler.STATIC, raster: Raster = Raster.ALONG_N,
+                max_tile_n: int = 128) -> Sm90GemmConfig | None:
+    """The wide WEIGHTS_AS_M kernel for `problem`: the most weight rows per unit up to max_tile_n that fit (N must
+    be a multiple), or None where none fits."""
+    for tile_n in sorted((n for n in WIDE_TILE_N if n <= max_tile_n), reverse=True):
         cfg = Sm90GemmConfig(tile_m=tile_m, tile_n=tile_n, tile_k=WIDE_TILE_K, scheduler=scheduler, raster=raster,
                              operands=Operands.WEIGHTS_AS_M, token_step=token_step)
         if can_implement(cfg, problem)[0]:

@@ -60,6 +60,8 @@ def check_variants():
     p1 = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU)
     p1_gelu = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.GELU_GATED)
     p1_oai = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU_OAI, has_bias=True)
+    p1_n512 = Problem(G1, 512, CHECK_H, CHECK_E, bf, Activation.SWIGLU)  # 2I a multiple of 256 weight rows
+    p1_oai_n512 = Problem(G1, 512, CHECK_H, CHECK_E, bf, Activation.SWIGLU_OAI, has_bias=True)
     p2 = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, False, True)
     p2_bias = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, True, True)
     p2_plain = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, False, False)
@@ -117,6 +119,12 @@ def check_variants():
         ("g2_plain_wide256_n64_along_m", wide(256, 64, raster=s90.Raster.ALONG_M), p2_plain),
         ("g2_rowscale_wide256_one_size", wide(256, 128, token_step=0), p2),
         ("g1_swiglu_wide256_decode", wide(256, 128), p1),
+        # 256 weight rows: two wgmma atoms per consumer warpgroup, the 32-row epilogue passes
+        ("g1_swiglu_wide128_n256", wide(128, 256), p1_n512),
+        ("g1_oai_bias_wide128_n256_dynamic_many", wide(128, 256, scheduler=s90.Scheduler.DYNAMIC), p1_oai_n512),
+        ("g2_rowscale_bias_wide128_n256_along_m", wide(128, 256, raster=s90.Raster.ALONG_M), p2_bias),
+        ("g2_rowscale_wide128_n256_step16_dynamic_many", wide(128, 256, token_step=16, scheduler=s90.Scheduler.DYNAMIC),
+         p2),
     ]
 
 

@@ -67,8 +67,11 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "wide_step16": wide and rep(wide, token_step=16),
         "wide_step64": wide and rep(wide, token_step=64),
         "wide128": wide and rep(wide, tile_m=128),
-        "wide_static": wide and rep(wide, scheduler=STATIC),
         "wide_along_m": wide and rep(wide, raster=s90.Raster.ALONG_M),
+        "wide_dynamic": wide and rep(wide, scheduler=DYN),
+        # 128 token rows x 256 weight rows (two atoms per warpgroup): a regular stage's weight bytes
+        "wide128_n256": s90.wide_config(problem, tile_m=128, max_tile_n=256),
+        "wide128_n256_along_m": s90.wide_config(problem, tile_m=128, max_tile_n=256, raster=s90.Raster.ALONG_M),
         # the default with the other PaddingRows choice (the regular kernel's only)
         "padding_flip": rep(default, padding_rows=s90.PaddingRows.MULTIPLY
                             if default.padding_rows is s90.PaddingRows.SKIP else s90.PaddingRows.SKIP)

@@ -152,7 +152,9 @@ def test_wide_swapped_limits_and_key():
     wide = s90.Sm90GemmConfig(tile_m=256, tile_n=128, tile_k=64, operands=W, token_step=32)
     assert wide.wide and s90.can_implement(wide, p1) == (True, "")
     assert s90.can_implement(dataclasses.replace(wide, tile_m=128, token_step=0), p1) == (True, "")
-    for bad, word in ((dataclasses.replace(wide, tile_n=256), "tile_n"), (dataclasses.replace(wide, token_step=24), "token_step"),
+    assert s90.can_implement(dataclasses.replace(wide, tile_m=128, tile_n=256), p1) == (True, "")  # 2 atoms per warpgroup
+    for bad, word in ((dataclasses.replace(wide, tile_n=192), "tile_n"), (dataclasses.replace(wide, tile_n=256), "tile_m"),
+                      (dataclasses.replace(wide, token_step=24), "token_step"),
                       (dataclasses.replace(wide, token_step=12), "token_step"), (dataclasses.replace(wide, token_step=-8), "token_step"),
                       (dataclasses.replace(wide, token_step=True), "token_step"),
                       (s90.Sm90GemmConfig(tile_m=16, tile_n=128, operands=W, token_step=8), "token_step"),
@@ -404,6 +406,12 @@ WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, True)),
     ("wide256_rowscale_bias_n64", s90.wide_config(s90.Sm90Problem(G2, 192, 128, 4, torch.bfloat16, None, True, True)),
      s90.Sm90Problem(G2, 192, 128, 4, torch.bfloat16, None, True, True)),
+    ("wide128_n256_swiglu", s90.wide_config(s90.Sm90Problem(G1, 512, 128, 4, torch.bfloat16, Activation.SWIGLU),
+                                            tile_m=128, max_tile_n=256),
+     s90.Sm90Problem(G1, 512, 128, 4, torch.bfloat16, Activation.SWIGLU)),
+    ("wide128_n256_rowscale_dynamic", s90.wide_config(s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True),
+                                                      tile_m=128, max_tile_n=256, scheduler=s90.Scheduler.DYNAMIC),
+     s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True)),
 ]
 
 
