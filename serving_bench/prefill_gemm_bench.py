@@ -56,12 +56,14 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
     base = s90.default_config(problem, s90.Scheduler.STATIC)
     rep = dataclasses.replace
     default = s90.default_config(problem, rows_per_expert=rows_per_expert)
-    regular = default.operands is s90.Operands.TOKENS_AS_M
+    regular_cfg = s90.regular_config(problem, rows_per_expert=rows_per_expert)
     wide = s90.wide_config(problem)
+    wide256n = s90.wide_config(problem, tile_m=128, max_tile_n=256)
+    wide256n = wide256n if wide256n is not None and wide256n.tile_n == 256 else None
     return {
         "default": default,
         # the regular (TOKENS_AS_M) kernel the layer would run for this many rows without the wide one
-        "regular": s90.regular_config(problem, rows_per_expert=rows_per_expert),
+        "regular": regular_cfg,
         # the wide WEIGHTS_AS_M kernel (None where N fits no wide tile) and alternatives of it
         "wide": wide,
         "wide_step16": wide and rep(wide, token_step=16),
@@ -69,13 +71,13 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "wide128": wide and rep(wide, tile_m=128),
         "wide_along_m": wide and rep(wide, raster=s90.Raster.ALONG_M),
         "wide_dynamic": wide and rep(wide, scheduler=DYN),
-        # 128 token rows x 256 weight rows (two atoms per warpgroup): a regular stage's weight bytes
-        "wide128_n256": s90.wide_config(problem, tile_m=128, max_tile_n=256),
-        "wide128_n256_along_m": s90.wide_config(problem, tile_m=128, max_tile_n=256, raster=s90.Raster.ALONG_M),
-        # the default with the other PaddingRows choice (the regular kernel's only)
-        "padding_flip": rep(default, padding_rows=s90.PaddingRows.MULTIPLY
-                            if default.padding_rows is s90.PaddingRows.SKIP else s90.PaddingRows.SKIP)
-        if regular else default,
+        # 128 token rows x 256 weight rows (two atoms per warpgroup): a regular stage's weight bytes (None where N
+        # is no multiple of 256)
+        "wide128_n256": wide256n,
+        "wide128_n256_along_m": wide256n and rep(wide256n, raster=s90.Raster.ALONG_M),
+        # the regular choice with the other PaddingRows choice (the regular kernel's only)
+        "padding_flip": rep(regular_cfg, padding_rows=s90.PaddingRows.MULTIPLY
+                            if regular_cfg.padding_rows is s90.PaddingRows.SKIP else s90.PaddingRows.SKIP),
         "static": base,
         "dynamic": rep(base, scheduler=DYN),
         "pair": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1),
