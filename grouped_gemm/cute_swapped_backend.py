@@ -3,22 +3,21 @@
 Imports `cutlass` at the top: import it lazily (sm90_grouped_gemm.py does), never from a package __init__.
 
 Same problem and metadata as cute_backend.py (A [M, K] rows in padded expert order, B [E, N, K], C [M,
-N_out], row_offsets / counts on the device, symbolic M), for the case where each expert has only a few
-rows. A 128-row wgmma tile would then multiply mostly padding, and its MMA time per weight byte is about
-the time HBM needs to deliver that byte. Here the operands swap roles: the expert's weight rows are
-wgmma's M side (64 rows per instruction, tile_n per unit) and the token rows are its N side (tile_m =
-8..64 per unit), so a unit multiplies C^T[tile_n, tile_m] = B_e[tile_n, K] @ A[tile_m, K]^T and the
-tensor cores idle while the weights stream at HBM bandwidth.
+N_out], row_offsets / counts on the device, symbolic M). Here the operands swap roles: the expert's weight rows
+are wgmma's M side (64 rows per instruction, tile_n per unit) and the token rows are its N side, so a unit
+multiplies C^T[tile_n, rows] = B_e[tile_n, K] @ A[rows, K]^T. N can be any multiple of 8, so an expert's
+rows cost at most a few padding rows, where the 128-row token-as-M tiles of cute_backend.py multiply up to
+127 and stream the expert's weights once per m-block.
 
 Two sizes of token tile, one kernel family:
-- decode (tile_m 8..64): one consumer warpgroup, every unit multiplies tile_m token rows.
-- wide (tile_m 128 or 256, for experts of about 64..512 rows): tile_n / 64 consumer warpgroups, one 64-row
-  wgmma atom of weight rows each, and the token tile's wgmma N chosen per unit on the device: the valid rows
-  of the tile rounded up to `token_step` (N = token_step, 2 * token_step, ..., tile_m; one mainloop per N,
-  selected by a warpgroup-uniform branch). A 128-row token tile multiplies at most token_step - 1 padding
-  rows, where 128-row token-as-M tiles multiply up to 127 and stream the expert's weights once per
-  m-block. The producer loads only the 64-row boxes of the token tile that hold valid rows and sets each
-  stage's transaction bytes to match.
+- decode (tile_m 8..64): one consumer warpgroup, every unit multiplies tile_m token rows (at a few rows per
+  expert the tensor cores idle while the weights stream at HBM bandwidth).
+- wide (tile_m 128 or 256): two consumer warpgroups (one for 64 weight rows), each of one or two 64-row wgmma
+  atoms of weight rows, and the wgmma N chosen per unit on the device: the tile's valid rows rounded up to
+  `token_step` (N = token_step, 2 * token_step, ..., tile_m; one mainloop per N, selected by a
+  warpgroup-uniform branch; each writes the first N / 2 registers of every atom's accumulator, which is the
+  narrower accumulator's register order). The producer loads only the 64-row boxes of the token tile that
+  hold valid rows and sets each stage's transaction bytes to match.
 
 Work units: (token tile, n-block). Token tiles are counted per expert, ceil(counts[e] / tile_m), so tiles
 of padding rows do not exist (the 128-row padding of the dispatch would otherwise make most units empty);
@@ -27,25 +26,28 @@ token tiles of one n-block next to each other, so experts with several tiles sha
 ALONG_N puts the n-blocks of one token tile next to each other (the token tile stays in L2, and the CTAs
 in flight stream the neighbouring weight tiles of a few experts).
 
-Warp roles (128 threads per warpgroup; decode: 256 threads, wide: 128 * (1 + tile_n / 64)):
+Warp roles (128 threads per warpgroup; decode: 256 threads, wide: 384, or 256 for 64 weight rows):
 - warpgroup 0, warp 0: TMA producer (per unit: the K tiles of the token tile and of the weight tile into
   the next free stage); DYNAMIC: fetches units from the global counter as in cute_backend.py.
-- warpgroups 1..: the consumers. wgmma with the weight tile as A (decode: tile_n / 64 instructions per
-  k-block in one warpgroup; wide: 64 weight rows per warpgroup) and the token tile as B, one wgmma group in
-  flight; then the epilogue from registers straight to global
-  memory: each thread holds weight rows r and r + 8 of every 16, which the w13 prepack (8 gate rows, then
-  the 8 matching up rows) makes a gate / up pair of one output column, so the gated activation needs no
-  data exchange. Rows past the expert's count (padding) are not stored.
+- warpgroups 1..: the consumers. wgmma with the weight tile as A (decode: tile_n / 64 instructions per k-block
+  in one warpgroup; wide: 64 or 128 weight rows per warpgroup) and the token tile as B, one wgmma group in
+  flight. Each thread holds weight rows r and r + 8 of every 16, which the w13 prepack (8 gate rows, then the
+  8 matching up rows) makes a gate / up pair of one output column, so the gated activation needs no data
+  exchange. Epilogue: decode units store from registers straight to global memory (a few KB per unit); wide
+  units run the epilogue math in registers first (its bias and row-scale loads before any store), then, per
+  pass of 32-64 tokens, stmatrix.trans into a padded SMEM tile [tokens][output columns] and 16-byte row
+  stores from there (the consumer warpgroups meet at a named barrier around each pass). Rows past the
+  expert's count (padding, or the next expert's rows) are never stored.
 Pipelines: mainloop (PipelineTmaAsync, `stages` deep; "full" = the stage's weight and token bytes landed,
 a byte count the wide producer sets per unit; "empty" = every consumer warp released it) and DYNAMIC's
-scheduler slot, as in cute_backend.py.
-There is no SMEM epilogue stage: at decode sizes the output is a few KB per unit. The producer and consumer
-loops mirror cute_backend.py's in the kernel body on purpose: a pipeline state advanced inside a helper
-is not carried back through the DSL's loop (the v1 hang recorded in docs/perf-notes-sm90.md).
+scheduler slot, as in cute_backend.py. The producer and consumer loops mirror cute_backend.py's in the kernel
+body on purpose: a pipeline state advanced inside a helper is not carried back through the DSL's loop (the
+v1 hang recorded in docs/perf-notes-sm90.md).
 
 Limits: cluster 1 (no multicast), bf16/fp16, K % 8 == 0, N % tile_n == 0; decode: tile_n a multiple of 64
-(<= 256), tile_m in {8, 16, 32, 64} dividing the row_offsets alignment; wide: tile_n 64 or 128, tile_m 128
-or 256, token_step a multiple of 8 dividing tile_m, row_offsets multiples of 64.
+(<= 256), tile_m in {8, 16, 32, 64} dividing the row_offsets alignment; wide: tile_n 64, 128 or 256, tile_m 128
+or 256 with tile_m * tile_n <= 128 * 256 (accumulator registers), token_step a multiple of 8 dividing tile_m,
+row_offsets multiples of 64.
 """
 from __future__ import annotations
 

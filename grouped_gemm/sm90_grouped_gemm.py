@@ -103,11 +103,6 @@ WIDE_TILE_M = (128, 256)  # WEIGHTS_AS_M "wide" token tiles: wgmma N per unit = 
 WIDE_TILE_N = (64, 128, 256)  # weight rows of a wide unit: two consumer warpgroups of 1 or 2 wgmma atoms (64: one)
 WIDE_ROW_ALIGN = 64  # wide token tiles are loaded as 64-row TMA boxes: row_offsets must be multiples of it
 WIDE_EPI_PAD = 8  # elements of padding per row of the wide epilogue's SMEM staging tile (cute_swapped_backend.py)
-
-
-def wide_epilogue_rows(tile_n: int) -> int:
-    """Token rows per pass of the wide epilogue's staging tile: 64, or 32 for 256 weight rows (the SMEM budget)."""
-    return 32 if tile_n > 128 else 64
 # Defaults of the swapped (decode) kernel, measured on the H200 (docs/perf-notes-sm90.md, v5): it beats the
 # regular kernel up to ~32 rows per expert; token tiles of 16 rows up to 8 rows per expert on average, 32 up
 # to 16 and 64 up to 32, so that almost every expert fits one tile (a second tile streams the expert's
@@ -136,6 +131,11 @@ WIDE_TOKEN_STEP = 32
 WIDE_MAX_EXPERTS = 16
 WIDE_ROWS_PER_EXPERT = (SWAPPED_MAX_ROWS_PER_EXPERT, 192)  # (lowest exclusive, highest inclusive), tile_m 256
 WIDE_GEMM2_ROWS_PER_EXPERT = (16, SWAPPED_MAX_ROWS_PER_EXPERT)  # tile_m 128
+
+
+def wide_epilogue_rows(tile_n: int) -> int:
+    """Token rows per pass of the wide epilogue's staging tile: 64, or 32 for 256 weight rows (the SMEM budget)."""
+    return 32 if tile_n > 128 else 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +248,7 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         elif config.tile_n % 64 or not 64 <= config.tile_n <= 256:
             return False, f"tile_n: WEIGHTS_AS_M takes 64, 128, 192 or 256 weight rows (wgmma M), got {config.tile_n}"
         if config.work_unit is not WorkUnit.SINGLE or config.consumers is not Consumers.COOPERATIVE:
-            return False, "operands: WEIGHTS_AS_M runs SINGLE work units with one consumer warpgroup (COOPERATIVE)"
+            return False, "operands: WEIGHTS_AS_M runs SINGLE work units with COOPERATIVE consumers"
     elif config.tile_m not in (64, 128):
         return False, f"tile_m: expected 64 or 128, got {config.tile_m}"
     if config.tile_k not in (32, 64, 128):
@@ -387,8 +387,8 @@ def default_config(
 ) -> Sm90GemmConfig:
     """Analytic default (docs/perf-notes-sm90.md): with `rows_per_expert` (the caller's host-side estimate,
     e.g. T * k / E) where wide_default measured best, the wide swapped-operand kernel; else at most
-    SWAPPED_MAX_ROWS_PER_EXPERT, the swapped-operand decode kernel (swapped_config); otherwise 128-row tiles with the widest N tile that divides N, SINGLE work units, and (scheduler None)
-    DYNAMIC scheduling with GROUPED_M raster above GROUPED_RASTER_MIN_ROWS rows per expert (or when the
+    SWAPPED_MAX_ROWS_PER_EXPERT, the swapped-operand decode kernel (swapped_config); otherwise (regular_config)
+    128-row tiles with the widest N tile that divides N, SINGLE work units, and (scheduler None) DYNAMIC scheduling with GROUPED_M raster above GROUPED_RASTER_MIN_ROWS rows per expert (or when the
     estimate is unknown), ALONG_N at or below it. An explicit scheduler is kept (STATIC: ALONG_N raster).
 
     Measured on the H200 (v2-v3: qwen3-30b-a3b, T = 16..8192; v6: five models, T = 2048..32768, interleaved
