@@ -136,7 +136,7 @@ prefill-ncu)  # Nsight Compute: time, DRAM bytes, L2 hit rate, SM clock of the C
         # shellcheck disable=SC2086
         step "ncu-${cell/:/-}${PREFILL_SUFFIX:-}" 150 ncu --clock-control none --csv --metrics "${NCU_METRICS:-gpu__time_duration.sum,\
 dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second}" \
-            --kernel-name regex:"cute_backend|_grouped_gemm_kernel" \
+            --kernel-name regex:"${NCU_KERNELS:-cute_backend|cute_swapped_backend|_grouped_gemm_kernel}" \
             python3 -m moe2cta.serving_bench.prefill_gemm_bench --profile --bundle "new=$kdir" \
             --models "${cell%%:*}" --tokens "${cell##*:}" --variants ${NCU_VARIANTS:-default} \
             --routing ${PREFILL_ROUTING:-random} --padding ${PREFILL_PADDING:-random}
