@@ -230,7 +230,8 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     if isinstance(config.token_step, bool) or not isinstance(config.token_step, int) or config.token_step < 0:
         return False, f"token_step: expected an int >= 0, got {config.token_step!r}"
     if config.token_step and not config.wide:
-        return False, f"token_step: only WEIGHTS_AS_M token tiles of {WIDE_TILE_M} rows take one (got {config.token_step})"
+        return False, (f"token_step: only WEIGHTS_AS_M token tiles of {WIDE_TILE_M} rows take one "
+                       f"(got {config.token_step})")
     if swapped:
         if config.tile_m not in SWAPPED_TILE_M + WIDE_TILE_M:
             return False, (f"tile_m: expected one of {SWAPPED_TILE_M + WIDE_TILE_M} token rows with WEIGHTS_AS_M, "
@@ -240,8 +241,8 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
                 return False, (f"tile_n: a wide WEIGHTS_AS_M tile takes {WIDE_TILE_N} weight rows (two consumer "
                                f"warpgroups of one or two 64-row wgmma atoms), got {config.tile_n}")
             if config.tile_n * config.tile_m > 256 * 128:
-                return False, (f"tile_m: a wide tile of {config.tile_n} weight rows takes at most {256 * 128 // config.tile_n} "
-                               f"token rows (fp32 accumulator registers), got {config.tile_m}")
+                return False, (f"tile_m: a wide tile of {config.tile_n} weight rows takes at most "
+                               f"{256 * 128 // config.tile_n} token rows (fp32 accumulator registers), got {config.tile_m}")
             step = config.token_step or config.tile_m
             if step % 8 or config.tile_m % step:
                 return False, f"token_step: expected a multiple of 8 dividing tile_m {config.tile_m}, got {step}"
@@ -388,8 +389,9 @@ def default_config(
     """Analytic default (docs/perf-notes-sm90.md): with `rows_per_expert` (the caller's host-side estimate,
     e.g. T * k / E) where wide_default measured best, the wide swapped-operand kernel; else at most
     SWAPPED_MAX_ROWS_PER_EXPERT, the swapped-operand decode kernel (swapped_config); otherwise (regular_config)
-    128-row tiles with the widest N tile that divides N, SINGLE work units, and (scheduler None) DYNAMIC scheduling with GROUPED_M raster above GROUPED_RASTER_MIN_ROWS rows per expert (or when the
-    estimate is unknown), ALONG_N at or below it. An explicit scheduler is kept (STATIC: ALONG_N raster).
+    128-row tiles with the widest N tile that divides N, SINGLE work units, and (scheduler None) DYNAMIC
+    scheduling with GROUPED_M raster above GROUPED_RASTER_MIN_ROWS rows per expert (or when the estimate is
+    unknown), ALONG_N at or below it. An explicit scheduler is kept (STATIC: ALONG_N raster).
 
     Measured on the H200 (v2-v3: qwen3-30b-a3b, T = 16..8192; v6: five models, T = 2048..32768, interleaved
     timing): 128x256 beats 128x128; ALONG_N beats ALONG_M by 15-25%; 64-row tiles lose even at decode sizes;

@@ -3,8 +3,9 @@
 gather_kernel: grid (cdiv(T*k, BLOCK_S), cdiv(H, BLOCK_H)). A program takes a block of slots s = t*k + j,
   reads slot_rows[s] (padded row or -1) and copies hidden[s // k, h-block] to a1[row, h-block], optionally
   times scale[s] (fp32 math, rounded once to the activation dtype); with ROW_WEIGHTS the programs of the first
-  h-block also write row_weights[row] = slot_weights[s] (GEMM2's per-row router weight, no extra launch). Work is per slot, so the grid is static
-  (T*k) and never walks the padding rows: they are left untouched (docs/design.md allows it). Rows are
+  h-block also write row_weights[row] = slot_weights[s] (GEMM2's per-row router weight, no extra launch).
+  Work is per slot, so the grid is static (T*k) and never walks the padding rows: they are left untouched
+  (docs/design.md allows it). Rows are
   contiguous in H: with H a multiple of 8 (bf16/fp16) Triton issues 16-byte vector loads and stores.
 combine_kernel: grid (cdiv(T, BLOCK_T), cdiv(H, BLOCK_H)). A program owns a block of tokens and columns
   and loops j = 0 .. k-1 in order: acc += w[t, j] * y[slot_rows[t*k+j]] in fp32, slots with row -1 add
