@@ -322,10 +322,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             cute.arch.setmaxregister_increase(232 if self.num_consumer_wg > 1 else 240)
             ctidx = tidx - self.threads_per_wg
             thr_mma = tiled_mma.get_slice(ctidx)
-            tCsW = thr_mma.partition_A(sW)
-            tCsT = thr_mma.partition_B(sT)
-            tCrW = tiled_mma.make_fragment_A(tCsW)
-            tCrT = tiled_mma.make_fragment_B(tCsT)
+            tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sW))  # (its K blocks; each N size partitions anew)
             acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_n, self.tile_m)), self.acc_dtype)
             coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
             num_k_blocks = cute.size(tCrW, mode=[2])
@@ -339,65 +336,46 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             while unit < total:
                 row0, nb, expert, valid = self.decode_swapped_unit(unit, s_tiles, s_rows, s_counts)
                 acc.fill(0.0)
-                if cutlass.const_expr(not self.wide):
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.fence()
-                    for k in cutlass.range(k_tiles, unroll=1):
-                        mainloop.consumer_wait(read_state)
-                        for kb in cutlass.range_constexpr(num_k_blocks):
-                            coord = (None, None, kb, read_state.index)
-                            cute.gemm(tiled_mma, acc, tCrW[coord], tCrT[coord], acc)
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        if k > 0:
-                            mainloop.consumer_release(release_state)
-                            release_state.advance()
-                        read_state.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    if k_tiles > 0:
-                        mainloop.consumer_release(release_state)
-                        release_state.advance()
-                else:
-                    # wide: wgmma N = the valid rows rounded up to token_step, one mainloop per N (a
-                    # warpgroup-uniform branch; each multiplies the first N token rows of the stage into the
-                    # first N / 2 accumulator registers, which is the N-wide accumulator's register order)
-                    size_index = (valid + (self.token_step - 1)) // self.token_step - 1
-                    for v in cutlass.range_constexpr(len(self.token_sizes)):
-                        if size_index == v:
-                            n_rows = self.token_sizes[v]
-                            mma_v = sm90_utils.make_trivial_tiled_mma(
-                                self.ab_dtype, self.ab_dtype, cute.nvgpu.warpgroup.OperandMajorMode.K,
-                                cute.nvgpu.warpgroup.OperandMajorMode.K, self.acc_dtype, (self.mma_wg, 1, 1),
-                                tiler_mn=(64, n_rows),
-                            )
-                            thr_v = mma_v.get_slice(ctidx)
-                            sT_v = storage.sT.get_tensor(self.token_rows_layout(t_smem_staged, n_rows),
-                                                         swizzle=t_smem_staged.inner)
-                            tCrW_v = mma_v.make_fragment_A(thr_v.partition_A(sW))
-                            tCrT_v = mma_v.make_fragment_B(thr_v.partition_B(sT_v))
-                            acc_v = cute.make_tensor(
-                                acc.iterator,
-                                cute.make_layout(thr_v.partition_shape_C((self.tile_n, n_rows)), stride=acc.layout.stride),
-                            )
-                            mma_v.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                            for k in cutlass.range(k_tiles, unroll=1):
-                                mainloop.consumer_wait(read_state)
-                                # wgmma.fence before each K tile's MMAs: on a divergent path ptxas would
-                                # otherwise insert it itself and serialize every wgmma (C7520)
-                                cute.nvgpu.warpgroup.fence()
-                                for kb in cutlass.range_constexpr(num_k_blocks):
-                                    coord = (None, None, kb, read_state.index)
-                                    cute.gemm(mma_v, acc_v, tCrW_v[coord], tCrT_v[coord], acc_v)
-                                cute.nvgpu.warpgroup.commit_group()
-                                cute.nvgpu.warpgroup.wait_group(1)
-                                if k > 0:
-                                    mainloop.consumer_release(release_state)
-                                    release_state.advance()
-                                read_state.advance()
-                            cute.nvgpu.warpgroup.wait_group(0)
-                            if k_tiles > 0:
+                # wgmma N = the valid rows rounded up to token_step (decode tiles: one size, tile_m), one mainloop
+                # per N (a warpgroup-uniform branch; each multiplies the first N token rows of the stage into the
+                # first N / 2 registers of every atom's accumulator, which is the N-wide accumulator's order)
+                size_index = (valid + (self.token_step - 1)) // self.token_step - 1
+                for v in cutlass.range_constexpr(len(self.token_sizes)):
+                    if size_index == v:
+                        n_rows = self.token_sizes[v]
+                        mma_v = sm90_utils.make_trivial_tiled_mma(
+                            self.ab_dtype, self.ab_dtype, cute.nvgpu.warpgroup.OperandMajorMode.K,
+                            cute.nvgpu.warpgroup.OperandMajorMode.K, self.acc_dtype, (self.mma_wg, 1, 1),
+                            tiler_mn=(64, n_rows),
+                        )
+                        thr_v = mma_v.get_slice(ctidx)
+                        sT_v = storage.sT.get_tensor(self.token_rows_layout(t_smem_staged, n_rows),
+                                                     swizzle=t_smem_staged.inner)
+                        tCrW_v = mma_v.make_fragment_A(thr_v.partition_A(sW))
+                        tCrT_v = mma_v.make_fragment_B(thr_v.partition_B(sT_v))
+                        acc_v = cute.make_tensor(
+                            acc.iterator,
+                            cute.make_layout(thr_v.partition_shape_C((self.tile_n, n_rows)), stride=acc.layout.stride),
+                        )
+                        mma_v.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                        for k in cutlass.range(k_tiles, unroll=1):
+                            mainloop.consumer_wait(read_state)
+                            # wgmma.fence before each K tile's MMAs: on a divergent path ptxas would otherwise
+                            # insert it itself and serialize every wgmma (C7520)
+                            cute.nvgpu.warpgroup.fence()
+                            for kb in cutlass.range_constexpr(num_k_blocks):
+                                coord = (None, None, kb, read_state.index)
+                                cute.gemm(mma_v, acc_v, tCrW_v[coord], tCrT_v[coord], acc_v)
+                            cute.nvgpu.warpgroup.commit_group()
+                            cute.nvgpu.warpgroup.wait_group(1)
+                            if k > 0:
                                 mainloop.consumer_release(release_state)
                                 release_state.advance()
+                            read_state.advance()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        if k_tiles > 0:
+                            mainloop.consumer_release(release_state)
+                            release_state.advance()
                 if cutlass.const_expr(self.wide):
                     self.store_wide(acc, sOut, mC, expert, nb, row0, valid, bias, row_scale, ctidx)
                 else:

@@ -382,7 +382,7 @@ SWAPPED = [  # (name, config, problem): the decode kernel (weights as the wgmma 
 
 @NEEDS_DSL
 @pytest.mark.parametrize("name,config,problem", SWAPPED, ids=[s[0] for s in SWAPPED])
-def test_compile_swapped_and_check_ptx(name, config, problem):
+def test_compile_swapped_and_check_ptx(name, config, problem, tmp_path):
     """Weights are wgmma's A (M = 64 per instruction), tokens its B (N = tile_m); stores from registers."""
     assert config.operands is s90.Operands.WEIGHTS_AS_M
     ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
@@ -396,6 +396,9 @@ def test_compile_swapped_and_check_ptx(name, config, problem):
     assert "cp.async.bulk.tensor.2d.global.shared::cta" not in ptx and "st.global" in ptx  # register stores
     assert ("atom.global" in ptx or "red.global" in ptx) == (config.scheduler is s90.Scheduler.DYNAMIC)
     assert "shfl.sync.up" in ptx  # the per-CTA prefix sum of token tiles
+    if _ptxas() is not None:  # the mainloop fences each K tile itself: ptxas inserts no fence (C7519), serializes nothing
+        report = _ptxas_report(ptx, tmp_path)
+        assert "C7520" not in report and "C7519" not in report, report
 
 
 WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
