@@ -246,7 +246,6 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         )
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
 
-        sT = storage.sT.get_tensor(t_smem_staged.outer, swizzle=t_smem_staged.inner)
         sT_box = storage.sT.get_tensor(t_box_staged.outer, swizzle=t_box_staged.inner)
         sW = storage.sW.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
         sOut = storage.sOut.get_tensor(cute.make_layout((self.epi_rows, self.epi_pitch), stride=(self.epi_pitch, 1))
