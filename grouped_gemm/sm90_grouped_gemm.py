@@ -114,10 +114,14 @@ SWAPPED_TILE_K = 128
 # rows per expert at which preset bundles hold swapped_config's choice (every tile_m; the narrow weight
 # tiles of batches that hit few experts)
 SWAPPED_PRESET_ROWS = (1 / 256, 1 / 64, 1 / 16, 1 / 4, 8, 16, 32)
-# Regular-kernel raster (docs/perf-notes-sm90.md v6): GROUPED_M in groups of 8 m-blocks above 128 rows per
-# expert on average (experts of several m-blocks), ALONG_N at or below
+# Regular-kernel raster (docs/perf-notes-sm90.md v6, v10): GROUPED_M in groups of 8 m-blocks above 128 rows per
+# expert on average (experts of several m-blocks), ALONG_N at or below; also ALONG_N up to ALONG_N_MAX_ROWS rows
+# per expert where a GEMM has at most ALONG_N_MAX_N_BLOCKS n-blocks (the n-blocks of one m-block then run
+# together, and the expert's next m-block reads the same weight tiles soon after)
 GROUPED_RASTER_MIN_ROWS = 128
 GROUPED_RASTER_GROUP_M = 8
+ALONG_N_MAX_ROWS = 512
+ALONG_N_MAX_N_BLOCKS = 32
 # Wide WEIGHTS_AS_M kernel (cute_swapped_backend.py): 128/256-row token tiles, wgmma N = valid rows rounded up
 # to 32, 128 weight rows (two consumer warpgroups), STATIC, ALONG_N. Where default_config picks it (measured on the
 # H200, docs/perf-notes-sm90.md v9; GEMM bench of five presets at T = 512..32768):
@@ -369,14 +373,23 @@ def default_padding_rows(problem: Sm90Problem, tile_m: int, consumers: Consumers
 
 
 def regular_schedule(work_unit: WorkUnit, rows_per_expert: float | None,
-                     scheduler: Scheduler | None = None) -> tuple[Scheduler, Raster]:
+                     scheduler: Scheduler | None = None, n_blocks: int | None = None) -> tuple[Scheduler, Raster]:
     """(scheduler, raster) of the regular (TOKENS_AS_M) kernel for about `rows_per_expert` rows per expert
-    (None: unknown): DYNAMIC for SINGLE units, STATIC for PAIR units (PAIR DYNAMIC runs; with its wgmma no
-    longer serialized it ties SINGLE DYNAMIC, results/wgmma-fence-h200-2026-11-29/), GROUPED_M above
-    GROUPED_RASTER_MIN_ROWS rows per expert when DYNAMIC, else ALONG_N. An explicit `scheduler` is kept."""
+    (None: unknown) on a GEMM of `n_blocks` n-blocks (None: unknown): DYNAMIC for SINGLE units, STATIC for PAIR
+    units (PAIR DYNAMIC runs; with its wgmma no longer serialized it ties SINGLE DYNAMIC,
+    results/wgmma-fence-h200-2026-11-29/). When DYNAMIC, GROUPED_M above GROUPED_RASTER_MIN_ROWS rows per expert,
+    except up to ALONG_N_MAX_ROWS rows on at most ALONG_N_MAX_N_BLOCKS n-blocks; else ALONG_N. An explicit
+    `scheduler` is kept.
+
+    The ALONG_N range, measured (results/padding-modes-h200-2026-12-01/): at 256-512 rows per expert on
+    12-30 n-blocks ALONG_N ties GROUPED_M where A's padding rows hold activation-like values and is 1-8%
+    faster where they hold zeros (GROUPED_M's weight sharing through L2 breaks down there), and GEMM2 gains
+    2-6%; with 112 n-blocks (mixtral-8x7b GEMM1) or 1024+ rows per expert GROUPED_M is 3-24% faster."""
     if scheduler is None:
         scheduler = Scheduler.STATIC if work_unit is WorkUnit.PAIR else Scheduler.DYNAMIC
-    grouped = rows_per_expert is None or rows_per_expert > GROUPED_RASTER_MIN_ROWS
+    few_n_blocks = n_blocks is not None and n_blocks <= ALONG_N_MAX_N_BLOCKS
+    grouped = rows_per_expert is None or rows_per_expert > (ALONG_N_MAX_ROWS if few_n_blocks
+                                                            else GROUPED_RASTER_MIN_ROWS)
     return scheduler, Raster.GROUPED_M if scheduler is Scheduler.DYNAMIC and grouped else Raster.ALONG_N
 
 
@@ -414,9 +427,9 @@ def regular_config(problem: Sm90Problem, scheduler: Scheduler | None = None, wor
                    rows_per_expert: float | None = None) -> Sm90GemmConfig:
     """The regular (TOKENS_AS_M) kernel default_config falls back to: 128-row tiles, the widest N tile that
     divides N, the schedule of regular_schedule."""
-    scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler)
     for tile_n in (256, 192, 128, 64):
-        cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=scheduler, raster=raster,
+        tile_scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler, -(-problem.n // tile_n))
+        cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=tile_scheduler, raster=raster,
                              raster_group_m=GROUPED_RASTER_GROUP_M, padding_rows=default_padding_rows(problem, 128))
         if can_implement(cfg, problem)[0]:
             return cfg

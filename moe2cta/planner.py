@@ -811,7 +811,8 @@ def _family_objects(module, candidate: Candidate, problem: GemmProblem):
         fam_problem = module.Sm90Problem(stage, p.n, p.k, p.num_experts, dtype, activation=activation,
                                          has_bias=p.has_bias, has_row_scale=row_scale)
         # scheduler and raster as the family's default picks them for this problem's rows per expert
-        scheduler, raster = module.regular_schedule(c.unit, sum(p.counts) / max(1, p.num_experts))
+        scheduler, raster = module.regular_schedule(c.unit, sum(p.counts) / max(1, p.num_experts),
+                                                    n_blocks=-(-p.n // c.block_n))
         config = module.Sm90GemmConfig(tile_m=c.rows_per_cta, tile_n=c.block_n, tile_k=c.block_k, stages=c.stages,
                                        work_unit=c.unit, pair_threshold=c.pair_threshold, scheduler=scheduler,
                                        raster=raster, raster_group_m=module.GROUPED_RASTER_GROUP_M,

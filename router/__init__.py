@@ -1,5 +1,5 @@
 """moe2cta.router: routing (scoring + top-k), dispatch metadata, gather and combine."""
-from .api import DispatchScheme, RouterBackend, combine, dispatch, gather, route, route_dispatch
+from .api import DispatchScheme, GatherPadding, RouterBackend, combine, dispatch, gather, route, route_dispatch
 from .config import RoutingConfig, Scoring
 from .reference import (
     DEFAULT_TILE_HEIGHTS,
@@ -16,6 +16,7 @@ __all__ = [
     "Scoring",
     "RouterBackend",
     "DispatchScheme",
+    "GatherPadding",
     "route",
     "dispatch",
     "route_dispatch",

@@ -27,7 +27,7 @@ from .reference import (
     route_reference,
 )
 
-__all__ = ["RouterBackend", "DispatchScheme", "route", "dispatch", "route_dispatch", "gather", "combine"]
+__all__ = ["RouterBackend", "DispatchScheme", "GatherPadding", "route", "dispatch", "route_dispatch", "gather", "combine"]
 
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -57,6 +57,25 @@ class DispatchScheme(enum.Enum):
     AUTO = "auto"
     SINGLE_PROGRAM = "single_program"  # one launch, one program (decode sizes)
     MULTI_BLOCK = "multi_block"  # three launches over blocks of slots (prefill sizes)
+
+
+class GatherPadding(enum.Enum):
+    """What `gather` writes into the padding rows of the expert-ordered A (an expert's rows up to its next
+    multiple of align; the grouped GEMMs multiply them and never read their outputs)."""
+
+    LEAVE = "leave"  # TRITON: untouched (whatever the buffer held); TORCH: zeros
+    # hidden[0] in every padding row below row_offsets[E] (rows past it: as with LEAVE): activation-like
+    # values the sm90 CuTe GEMMs run faster on than on zeros or stale zeros (docs/perf-notes-sm90.md, v10)
+    TOKEN_ROW = "token_row"
+
+    @classmethod
+    def parse(cls, value) -> "GatherPadding":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"padding: expected one of {[m.value for m in cls]}, got {value!r}") from None
 
 
 def _resolve(backend, tensor: torch.Tensor) -> RouterBackend:
@@ -137,6 +156,8 @@ def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: 
     slots = logits.shape[0] * config.top_k
     return launch_route(logits, config, e_score_correction_bias, launch_options=_dependent_launch(logits.device, slots))
 
+
+GATHER_PAD_BLOCK = 32  # padded rows per padding program of the gather (GatherPadding.TOKEN_ROW)
 
 # Launches of at most this many (token, expert) slots release the next kernel's launch at their start;
 # larger ones when their blocks exit: a dependent grid made resident early waits on the SMs beside a long
@@ -346,9 +367,12 @@ def _check_dispatch(disp):
 
 def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor | None = None,
            out: torch.Tensor | None = None, backend: RouterBackend | str = RouterBackend.AUTO,
-           slot_weights: torch.Tensor | None = None, row_weights_out: torch.Tensor | None = None) -> torch.Tensor:
-    """hidden [T, H] -> a1 [max_rows, H]: a1[slot_rows[s]] = hidden[s // k] (* scale[s]). TRITON leaves
-    padding rows untouched (out=None: uninitialized); TORCH zeroes them.
+           slot_weights: torch.Tensor | None = None, row_weights_out: torch.Tensor | None = None,
+           padding: GatherPadding | str = GatherPadding.LEAVE) -> torch.Tensor:
+    """hidden [T, H] -> a1 [max_rows, H]: a1[slot_rows[s]] = hidden[s // k] (* scale[s]). Padding rows
+    (GatherPadding): LEAVE: TRITON leaves them untouched (out=None: uninitialized), TORCH zeroes them;
+    TOKEN_ROW: both write hidden[0] into every padding row below row_offsets[E] (TRITON: in the same launch;
+    the rows past it as with LEAVE).
 
     slot_weights [T, k] fp32 with row_weights_out [max_rows] fp32 (both or neither): also
     row_weights_out[slot_rows[s]] = slot_weights.flat[s], the router weight of each row in expert order (GEMM2's
@@ -363,6 +387,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
         if tuple(scale.shape) != (num_tokens, top_k):
             raise ValueError(f"scale: expected shape ({num_tokens}, {top_k}), got {tuple(scale.shape)}")
     max_rows = disp.sorted_slots.numel()
+    padding = GatherPadding.parse(padding)
     if (slot_weights is None) != (row_weights_out is None):
         raise ValueError("slot_weights, row_weights_out: pass both (the router weights and the [max_rows] output) or neither")
     if slot_weights is not None:
@@ -378,6 +403,9 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
             raise ValueError(f"out: expected >= {max_rows} contiguous rows of {hidden_size}, got {tuple(out.shape)}")
     if _resolve(backend, hidden) is RouterBackend.TORCH:
         a1 = gather_reference(hidden, disp, top_k, scale)
+        if padding is GatherPadding.TOKEN_ROW and num_tokens > 0:
+            used = torch.arange(max_rows, device=a1.device) < disp.row_offsets[-1].to(a1.device)
+            a1[used & (disp.sorted_slots.to(a1.device) < 0)] = hidden[0]
         if slot_weights is not None:
             rows = disp.slot_rows.long()
             valid = rows >= 0
@@ -399,13 +427,18 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     block_s = 4
     scale_arg = scale.contiguous() if scale is not None else disp.slot_rows
     weights_arg = slot_weights.contiguous() if slot_weights is not None else disp.slot_rows  # (unused when None)
-    grid = (_cdiv(num_slots, block_s), _cdiv(hidden_size, block_h))
+    slot_programs = _cdiv(num_slots, block_s)
+    pad_token_row = padding is GatherPadding.TOKEN_ROW
+    pad_programs = _cdiv(max_rows, GATHER_PAD_BLOCK) if pad_token_row else 0
+    grid = (slot_programs + pad_programs, _cdiv(hidden_size, block_h))
     jit_functions().gather_kernel[grid](
         hidden, scale_arg, disp.slot_rows, out, weights_arg,
         row_weights_out if row_weights_out is not None else disp.slot_rows, num_slots, hidden_size,
-        hidden.stride(0), out.stride(0),
+        hidden.stride(0), out.stride(0), disp.sorted_slots, disp.row_offsets, disp.row_offsets.numel() - 1,
+        slot_programs,
         TOP_K=top_k, HAS_SCALE=scale is not None, BLOCK_S=block_s, BLOCK_H=block_h,
-        ROW_WEIGHTS=slot_weights is not None, num_warps=num_warps, **_dependent_launch(hidden.device, num_slots),
+        ROW_WEIGHTS=slot_weights is not None, PAD_TOKEN_ROW=pad_token_row, BLOCK_P=GATHER_PAD_BLOCK,
+        num_warps=num_warps, **_dependent_launch(hidden.device, num_slots),
     )
     return out
 

@@ -5,7 +5,10 @@ gather_kernel: grid (cdiv(T*k, BLOCK_S), cdiv(H, BLOCK_H)). A program takes a bl
   times scale[s] (fp32 math, rounded once to the activation dtype); with ROW_WEIGHTS the programs of the first
   h-block also write row_weights[row] = slot_weights[s] (GEMM2's per-row router weight, no extra launch).
   Work is per slot, so the grid is static (T*k) and never walks the padding rows: they are left untouched
-  (docs/design.md allows it). Rows are
+  (docs/design.md allows it). With PAD_TOKEN_ROW (GatherPadding.TOKEN_ROW) the grid has cdiv(max_rows,
+  BLOCK_P) more programs along axis 0, each over BLOCK_P padded rows: rows below row_offsets[E] whose
+  sorted_slots entry is -1 (an expert's padding) get a copy of hidden[0] (the padding programs never touch
+  the rows the slot programs write). Rows are
   contiguous in H: with H a multiple of 8 (bf16/fp16) Triton issues 16-byte vector loads and stores.
 combine_kernel: grid (cdiv(T, BLOCK_T), cdiv(H, BLOCK_H)). A program owns a block of tokens and columns
   and loops j = 0 .. k-1 in order: acc += w[t, j] * y[slot_rows[t*k+j]] in fp32, slots with row -1 add
@@ -26,21 +29,39 @@ __all__ = ["jit_functions", "permute_launch_params"]
 
 def gather_kernel(
     hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, slot_weights_ptr, row_weights_ptr, num_slots, hidden_size,
-    stride_hidden, stride_a1,
+    stride_hidden, stride_a1, sorted_slots_ptr, row_offsets_ptr, num_experts, num_slot_programs,
     TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    ROW_WEIGHTS: tl.constexpr = False, DEPENDENT_LAUNCH: tl.constexpr = 0,
+    ROW_WEIGHTS: tl.constexpr = False, DEPENDENT_LAUNCH: tl.constexpr = 0, PAD_TOKEN_ROW: tl.constexpr = False,
+    BLOCK_P: tl.constexpr = 32,
 ):
     if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
     if DEPENDENT_LAUNCH == 2:  # a small launch: the next kernel's grid may start now (else: as blocks exit)
         tl.extra.cuda.gdc_launch_dependents()
-    slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < hidden_size
+    if PAD_TOKEN_ROW:
+        if tl.program_id(0) >= num_slot_programs:
+            _pad_token_rows(hidden_ptr, a1_ptr, sorted_slots_ptr, row_offsets_ptr, num_experts, stride_a1, cols,
+                            col_ok, tl.program_id(0) - num_slot_programs, BLOCK_P, BLOCK_H)
+        else:
+            _gather_slot_block(hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, slot_weights_ptr, row_weights_ptr,
+                               num_slots, stride_hidden, stride_a1, cols, col_ok, TOP_K, HAS_SCALE, BLOCK_S,
+                               ROW_WEIGHTS)
+    else:
+        _gather_slot_block(hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, slot_weights_ptr, row_weights_ptr,
+                           num_slots, stride_hidden, stride_a1, cols, col_ok, TOP_K, HAS_SCALE, BLOCK_S, ROW_WEIGHTS)
+
+
+def _gather_slot_block(hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, slot_weights_ptr, row_weights_ptr, num_slots,
+                       stride_hidden, stride_a1, cols, col_ok, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr,
+                       BLOCK_S: tl.constexpr, ROW_WEIGHTS: tl.constexpr):
+    """Program (slot block, h-block) of gather_kernel: hidden[s // k] (* scale[s]) -> a1[slot_rows[s]]."""
+    slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     slot_ok = slots < num_slots
     rows = tl.load(slot_rows_ptr + slots, mask=slot_ok, other=-1)
     valid = rows >= 0
     tokens = slots // TOP_K
-    col_ok = cols < hidden_size
     m = valid[:, None] & col_ok[None, :]
     x = tl.load(hidden_ptr + tokens.to(tl.int64)[:, None] * stride_hidden + cols[None, :], mask=m, other=0.0)
     if HAS_SCALE:
@@ -51,6 +72,18 @@ def gather_kernel(
         if tl.program_id(1) == 0:
             w = tl.load(slot_weights_ptr + slots, mask=valid, other=0.0)
             tl.store(row_weights_ptr + rows.to(tl.int64), w, mask=valid)
+
+
+def _pad_token_rows(hidden_ptr, a1_ptr, sorted_slots_ptr, row_offsets_ptr, num_experts, stride_a1, cols, col_ok,
+                    block, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Padding program `block` of gather_kernel: hidden[0] -> the expert padding rows among its BLOCK_P rows."""
+    rows = block * BLOCK_P + tl.arange(0, BLOCK_P)
+    in_use = rows < tl.load(row_offsets_ptr + num_experts)  # rows past the last expert's tiles: no GEMM reads them
+    slots = tl.load(sorted_slots_ptr + rows, mask=in_use, other=0)
+    pad = in_use & (slots < 0)
+    x = tl.load(hidden_ptr + cols, mask=col_ok, other=0.0)
+    tile = tl.broadcast_to(x[None, :], (BLOCK_P, BLOCK_H))
+    tl.store(a1_ptr + rows.to(tl.int64)[:, None] * stride_a1 + cols[None, :], tile, mask=pad[:, None] & col_ok[None, :])
 
 
 def combine_kernel(
@@ -83,7 +116,7 @@ def combine_kernel(
              acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-_JIT_NAMES = ("gather_kernel", "combine_kernel")
+_JIT_NAMES = ("gather_kernel", "_gather_slot_block", "_pad_token_rows", "combine_kernel")
 
 
 @functools.lru_cache(maxsize=2)

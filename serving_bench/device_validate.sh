@@ -166,6 +166,10 @@ layer-profile)  # kernel times of one layer forward per backend (PROFILE_CELLS="
         step "profile-${cell/:/-}" 120 python3 -m moe2cta.serving_bench.layer_profile --model "${cell%%:*}" \
             --tokens "${cell##*:}" --backends ${PROFILE_BACKENDS:-triton cute} --json "$out/profile-${cell/:/-}.json"
     done ;;
+layer-padding)  # the layer's time per content of A's padding rows (as left, zeros, N(0,1), a token row), interleaved
+    step layer-padding 300 python3 -m moe2cta.serving_bench.layer_padding_probe \
+        --models ${PADDING_MODELS:-deepseek-v3 qwen3-235b-a22b qwen3-30b-a3b gpt-oss-120b} --tokens ${PADDING_TOKENS:-2048 8192} \
+        --backend ${PADDING_BACKEND:-cute} --json "$out/layer-padding.json" ;;
 layer-prefill)  # prefill cells of every model, cute beside triton
     step layer-prefill 240 python3 -m moe2cta.serving_bench --models mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b \
         --tokens 2048,8192,32768 --backends triton,cute --time-per-case 0.05 --out "$out/layer-prefill" --progress off --no-plots ;;

@@ -143,7 +143,10 @@ def routed_counts(routing: str, preset, tokens: int, gen: torch.Generator) -> to
 
 
 def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants=("default",),
-             routing: str = "random", padding: str = "random") -> list[dict]:
+             routing: str = "random", paddings: tuple[str, ...] = ("random",)) -> list[dict]:
+    """Time every candidate on this cell; with several `paddings`, the CuTe and Triton candidates once per
+    content of A's padding rows (the valid rows are the same), labelled `<backend>@<padding>` past the first,
+    all in the same interleaved rounds (one process: no process-to-process spread between them)."""
     dev = torch.device("cuda")
     e, h, i, k = preset.num_experts, preset.hidden, preset.intermediate, preset.top_k
     w13, w13_packed, w2, b13, b2 = weights
@@ -159,14 +162,18 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
     ro_d, cn_d = ro.to(dev), counts.to(dev)
     a1 = [torch.randn(max_rows, h, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
     a2 = [torch.randn(max_rows, i, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
-    if padding != "random":
-        pad = ~valid_row_mask(ro, counts, max_rows).to(dev)
-        for x in a1 + a2:
+    pad = ~valid_row_mask(ro, counts, max_rows).to(dev)
+    inputs = {}  # padding -> (A copies of GEMM1, A copies of GEMM2), the same valid rows
+    for padding in paddings:
+        p1s, p2s = (a1, a2) if not inputs else ([x.clone() for x in a1], [x.clone() for x in a2])
+        for x in p1s + p2s:
             if padding == "zero":
                 x[pad] = 0
-            else:  # "bits": uniformly random 16-bit patterns (what uninitialized memory may hold)
+            elif padding == "bits":  # uniformly random 16-bit patterns (what uninitialized memory may hold)
                 x[pad] = torch.randint(-32768, 32768, (int(pad.sum()), x.shape[1]), device=dev,
                                        dtype=torch.int16).view(torch.bfloat16)
+        inputs[padding] = (p1s, p2s)
+    a1, a2 = inputs[paddings[0]]
     rs = torch.rand(max_rows, device=dev)
     o1 = torch.empty(max_rows, i, device=dev, dtype=torch.bfloat16)
     o2 = torch.empty(max_rows, h, device=dev, dtype=torch.bfloat16)
@@ -202,25 +209,31 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
             if missing:
                 print(f"{preset.name:16s} T={tokens:6d} {name}: not in bundle {kdir}, skipped", flush=True)
                 continue
-            candidates += [
-                (name, "gemm1", lambda c, kdir=kdir, cfg=cfgs1[v]: s90.sm90_grouped_gemm1(
-                    a1[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13, out=o1, config=cfg,
-                    kernel_directory=kdir)),
-                (name, "gemm2", lambda c, kdir=kdir, cfg=cfgs2[v]: s90.sm90_grouped_gemm2(
-                    a2[c], w2, ro_d, cn_d, row_scale=rs, b2=b2, out=o2, config=cfg, kernel_directory=kdir)),
-            ]
+            for padding, (x1, x2) in inputs.items():
+                tag = "" if padding == paddings[0] else f"@{padding}"
+                candidates += [
+                    (name + tag, "gemm1", lambda c, kdir=kdir, cfg=cfgs1[v], x1=x1: s90.sm90_grouped_gemm1(
+                        x1[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13, out=o1, config=cfg,
+                        kernel_directory=kdir)),
+                    (name + tag, "gemm2", lambda c, kdir=kdir, cfg=cfgs2[v], x2=x2: s90.sm90_grouped_gemm2(
+                        x2[c], w2, ro_d, cn_d, row_scale=rs, b2=b2, out=o2, config=cfg, kernel_directory=kdir)),
+                ]
     static = tg.TileScheduler.STATIC
     for label, t1, t2 in (("triton", tcfg1, tcfg2),  # the default; and its tiles scheduled STATIC
                           ("triton-static", dataclasses.replace(tcfg1, scheduler=static),
                            dataclasses.replace(tcfg2, scheduler=static))):
         if label != "triton" and (t1, t2) == (tcfg1, tcfg2):
             continue
-        candidates += [
-            (label, "gemm1", lambda c, t1=t1: tg.triton_grouped_gemm1(a1[c], w13, ro_d, cn_d, tile_offsets,
-                                                                      preset.activation, b13=b13, out=o1, config=t1)),
-            (label, "gemm2", lambda c, t2=t2: tg.triton_grouped_gemm2(a2[c], w2, ro_d, cn_d, tile_offsets,
-                                                                      row_scale=rs, b2=b2, out=o2, config=t2)),
-        ]
+        for padding, (x1, x2) in inputs.items():
+            if padding != paddings[0] and label != "triton":
+                continue
+            tag = "" if padding == paddings[0] else f"@{padding}"
+            candidates += [
+                (label + tag, "gemm1", lambda c, t1=t1, x1=x1: tg.triton_grouped_gemm1(
+                    x1[c], w13, ro_d, cn_d, tile_offsets, preset.activation, b13=b13, out=o1, config=t1)),
+                (label + tag, "gemm2", lambda c, t2=t2, x2=x2: tg.triton_grouped_gemm2(
+                    x2[c], w2, ro_d, cn_d, tile_offsets, row_scale=rs, b2=b2, out=o2, config=t2)),
+            ]
     # the Triton default on the packed w13 (W13Layout.CHUNKED: what a layer that also runs CuTe feeds it)
     candidates.append(("triton-chunked", "gemm1", lambda c: tg.triton_grouped_gemm1(
         a1[c], w13_packed, ro_d, cn_d, tile_offsets, preset.activation, b13=b13, out=o1, config=tcfg1,
@@ -257,6 +270,7 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
         n, kk = (2 * i, h) if gemm == "gemm1" else (h, i)
         err = errors.get((label, gemm))
         flops = 2.0 * rows * n * kk
+        padding = label.partition("@")[2] or paddings[0]
         r = {"model": preset.name, "tokens": tokens, "routing": routing, "padding": padding,
              "busiest": int(counts.max()) * e / rows, "gemm": gemm, "backend": label, "rows": rows,
              "padded_rows": padded_rows, "ms": ms, "tflops": flops / ms / 1e9, "err": err,
@@ -276,9 +290,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--routing", choices=["random", "model"], default="random",
                         help="random: top_k distinct experts per token, uniform; model: the model's own router")
-    parser.add_argument("--padding", choices=["random", "zero", "bits"], default="random",
+    parser.add_argument("--padding", choices=["random", "zero", "bits"], nargs="+", default=["random"],
                         help="content of the padding rows of A: N(0,1) values (default), zeros (what the Triton "
-                             "layer path multiplies) or random bit patterns (uninitialized memory)")
+                             "layer path multiplies) or random bit patterns (uninitialized memory); several: "
+                             "the CuTe and Triton candidates once per content, in the same rounds")
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", action="store_true", help="one eager call per kernel, no timing (for ncu)")
     parser.add_argument("--watchdog", type=float, default=60.0)
@@ -304,7 +319,7 @@ def main(argv=None) -> int:
         weights = _weights(preset, torch.device("cuda"), 5)
         for tokens in args.tokens:
             results += run_cell(preset, tokens, bundles, weights, dog, args.profile, gen, args.variants, args.routing,
-                                args.padding)
+                                tuple(dict.fromkeys(args.padding)))
         del weights
         torch.cuda.empty_cache()
     if args.json:

@@ -392,3 +392,32 @@ def test_combine_compiles_for_sm90_with_dependent_launch():
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["wait", "launch"]
+
+
+@pytest.mark.parametrize("backend", [TRITON, RouterBackend.TORCH])
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_gather_token_row_padding(backend, with_scale):
+    """GatherPadding.TOKEN_ROW: every expert padding row (below row_offsets[E]) holds hidden[0] unscaled, the
+    rows past the last expert's tiles are as with LEAVE (TRITON: untouched, TORCH: zeros), and the valid rows
+    are what LEAVE writes."""
+    num_tokens, top_k, hidden_size = 9, 3, 72
+    ids = _random_ids(num_tokens, top_k, 10, torch.Generator().manual_seed(7))
+    ids[:, 0] = 2  # one expert gets many rows, several get none
+    ids = ids.to(DEVICE)
+    disp = dispatch_reference(ids, 10, align=8)
+    hidden = torch.randn(num_tokens, hidden_size, device=DEVICE).to(torch.float16)
+    scale = torch.rand(num_tokens, top_k, device=DEVICE) if with_scale else None
+    rows = disp.sorted_slots.numel()
+    out = torch.full((rows, hidden_size), -3.0, device=DEVICE, dtype=torch.float16)
+    got = gather(hidden, disp, top_k, scale=scale, out=out, backend=backend, padding="token_row")
+    leave = gather(hidden, disp, top_k, scale=scale, backend=backend)
+    slots = disp.sorted_slots.long().cpu()
+    used = torch.arange(rows) < int(disp.row_offsets[-1])
+    pad, valid, unused = used & (slots < 0), slots >= 0, ~used
+    assert int(pad.sum()) > 0 and int(unused.sum()) > 0  # the case exercises both kinds of non-valid rows
+    got = got.cpu()
+    assert torch.equal(got[valid], leave.cpu()[valid])
+    assert torch.equal(got[pad], hidden[0].cpu().expand(int(pad.sum()), -1))
+    assert bool((got[unused] == (-3.0 if backend is TRITON else 0.0)).all())
+    with pytest.raises(ValueError, match="padding"):
+        gather(hidden, disp, top_k, backend=backend, padding="zeros")

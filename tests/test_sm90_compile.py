@@ -204,10 +204,19 @@ def test_default_config_by_rows_per_expert():
     assert (many.operands, many.scheduler, many.raster) == (s90.Operands.TOKENS_AS_M, s90.Scheduler.DYNAMIC,
                                                             s90.Raster.ALONG_N)
     assert s90.regular_config(p2, rows_per_expert=s90.GROUPED_RASTER_MIN_ROWS).raster is s90.Raster.ALONG_N
-    for rows in (max(hi, s90.GROUPED_RASTER_MIN_ROWS) + 1, None):
-        grouped = s90.default_config(p2, rows_per_expert=rows)
+    # above GROUPED_RASTER_MIN_ROWS: ALONG_N up to ALONG_N_MAX_ROWS on few n-blocks (p2: 8), GROUPED_M beyond, on
+    # many n-blocks (mixtral-8x7b GEMM1: 112) or for an unknown estimate
+    mixtral1 = s90.Sm90Problem(G1, 28672, 4096, 8, torch.bfloat16, Activation.SWIGLU)
+    for rows in (max(hi, s90.GROUPED_RASTER_MIN_ROWS) + 1, s90.ALONG_N_MAX_ROWS):
+        along_n = s90.default_config(p2, rows_per_expert=rows)
+        assert (along_n.operands, along_n.scheduler, along_n.raster) == (
+            s90.Operands.TOKENS_AS_M, s90.Scheduler.DYNAMIC, s90.Raster.ALONG_N), rows
+    for problem, rows in ((p2, s90.ALONG_N_MAX_ROWS + 1), (p2, None), (mixtral1, 256), (mixtral1, 512)):
+        grouped = s90.default_config(problem, rows_per_expert=rows)
         assert (grouped.scheduler, grouped.raster, grouped.raster_group_m) == (
-            s90.Scheduler.DYNAMIC, s90.Raster.GROUPED_M, s90.GROUPED_RASTER_GROUP_M)
+            s90.Scheduler.DYNAMIC, s90.Raster.GROUPED_M, s90.GROUPED_RASTER_GROUP_M), (problem, rows)
+    assert s90.regular_schedule(WorkUnit.SINGLE, 256, n_blocks=s90.ALONG_N_MAX_N_BLOCKS + 1)[1] is s90.Raster.GROUPED_M
+    assert s90.regular_schedule(WorkUnit.SINGLE, 256, n_blocks=s90.ALONG_N_MAX_N_BLOCKS)[1] is s90.Raster.ALONG_N
     # an explicit STATIC scheduler keeps ALONG_N; PAIR units run STATIC by default (measured: see regular_schedule)
     assert s90.default_config(p2, s90.Scheduler.STATIC).raster is s90.Raster.ALONG_N
     assert s90.default_config(p2, work_unit=WorkUnit.PAIR).scheduler is s90.Scheduler.STATIC
