@@ -3,12 +3,13 @@
     python -m moe2cta.serving_bench.layer_padding_probe --models deepseek-v3 qwen3-235b-a22b --tokens 2048 8192
 
 The CuTe path gathers the routed token rows into an expert-ordered A whose experts are padded to whole
-tiles; the padding rows are multiplied and never read. Their content (`as-is`: what the layer does, GatherPadding.TOKEN_ROW on sm90 above the decode kernels' range, else the
-layer's own allocation inside the captured graph). This probe hands the gather a buffer per
-rotated input whose padding rows hold zeros (`zero`), N(0,1) values (`random`) or a copy of a routed token's
-row (`copy`: hidden[0]), captures one graph per (content, input) and replays all of them in interleaved
-rounds (the median per content). It also checks that every content gives bit-identical layer outputs
-(padding rows never reach the output). Needs a CUDA GPU; a measurement tool, not part of the layer.
+tiles; the GEMMs multiply the padding rows and never read their outputs. `as-is` times the layer as it is
+(GatherPadding.TOKEN_ROW on sm90 above the decode kernels' range; otherwise the padding rows keep what the
+layer's own buffer held). The other contents hand the gather a buffer per rotated input whose padding rows
+hold zeros (`zero`), N(0,1) values (`random`) or copies of a routed token's row (`copy`: hidden[0]), with
+GatherPadding.LEAVE so that they stay. One graph per (content, input); all of them replay in interleaved
+rounds (median per content). It also checks that every content gives bit-identical layer outputs. Needs a
+CUDA GPU; a measurement tool, not part of the layer.
 """
 from __future__ import annotations
 

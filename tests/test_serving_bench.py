@@ -504,3 +504,23 @@ def test_layer_profile_arguments(capsys):
     if not torch.cuda.is_available():
         assert layer_profile.main(["--model", "qwen3-30b-a3b", "--tokens", "8"]) == 2
         assert "CUDA" in capsys.readouterr().err
+
+
+def test_layer_padding_probe_arguments(capsys):
+    """The padding probe names a bad content; without a GPU it says so and returns 2."""
+    from moe2cta.serving_bench import layer_padding_probe
+
+    with pytest.raises(SystemExit):
+        layer_padding_probe.main(["--models", "qwen3-30b-a3b", "--tokens", "8", "--contents", "ones"])
+    assert "--contents" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert layer_padding_probe.main(["--models", "qwen3-30b-a3b", "--tokens", "8"]) == 2
+        assert "CUDA" in capsys.readouterr().err
+
+
+def test_prefill_gemm_bench_takes_several_paddings():
+    """--padding takes several contents (timed side by side in one process), each one of the known ones."""
+    from moe2cta.serving_bench import prefill_gemm_bench
+
+    with pytest.raises(SystemExit):
+        prefill_gemm_bench.main(["--padding", "random", "ones", "--build", "/nonexistent"])
