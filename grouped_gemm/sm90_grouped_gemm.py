@@ -74,6 +74,14 @@ class Raster(enum.Enum):
     # groups of `raster_group_m` m-blocks; within a group consecutive units walk its m-blocks (the m-blocks
     # of one expert read the same weight tile at nearly the same time), then the next n-block
     GROUPED_M = "grouped_m"
+    # GROUPED_M whose groups never span two experts: each expert's m-blocks are cut into groups of
+    # `raster_group_m` (its last group may be short), so every m-block of a group reads the same weight tile
+    # one unit after the other (with GROUPED_M a group boundary inside an expert puts its m-blocks a whole
+    # group of units apart); SINGLE units only
+    EXPERT_GROUPED_M = "expert_grouped_m"
+
+
+GROUPED_RASTERS = (Raster.GROUPED_M, Raster.EXPERT_GROUPED_M)  # the rasters that take raster_group_m
 
 
 class Consumers(enum.Enum):
@@ -89,6 +97,11 @@ class PaddingRows(enum.Enum):
     # waits on each stage and releases it without MMAs: the other warpgroup has the tensor cores to itself,
     # so such a tile takes about half the MMA time
     SKIP = "skip"
+    # the m-block is one unit over two neighbouring n-blocks, one per warpgroup: both multiply the m-block's
+    # first 64 rows (which hold its valid ones), warpgroup 0 with n-block nb's weight tile, warpgroup 1 with
+    # nb + 1's, on alternate stages; so the m-block's last 64 rows are never multiplied (nor written), and its
+    # weight tiles stream at the pace of the expert's full m-blocks (SKIP's half-MMA units run ahead of them)
+    TAIL_TWO_N = "tail_two_n"
 
 
 class Operands(enum.Enum):
@@ -154,7 +167,7 @@ class Sm90GemmConfig:
     scheduler: Scheduler = Scheduler.STATIC
     raster: Raster = Raster.ALONG_N
     pair_threshold: int = 256  # runtime: experts with at least this many rows use pair units
-    raster_group_m: int = 8  # m-blocks per raster group (Raster.GROUPED_M only)
+    raster_group_m: int = 8  # m-blocks per raster group (Raster.GROUPED_M / EXPERT_GROUPED_M only)
     consumers: Consumers = Consumers.COOPERATIVE
     operands: Operands = Operands.TOKENS_AS_M
     padding_rows: PaddingRows = PaddingRows.MULTIPLY
@@ -287,15 +300,19 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     if config.consumers is Consumers.PINGPONG and config.tile_m * config.tile_n > 128 * 128:
         return False, (f"consumers: PINGPONG keeps a whole {config.tile_m}x{config.tile_n} accumulator in one "
                        "warpgroup; at most 128x128 fits its registers")
-    if config.raster is Raster.GROUPED_M:
+    if config.raster in GROUPED_RASTERS:
         if swapped:
-            return False, "raster: GROUPED_M is implemented for TOKENS_AS_M only"
+            return False, f"raster: {config.raster.name} is implemented for TOKENS_AS_M only"
+        if config.raster is Raster.EXPERT_GROUPED_M and config.work_unit is not WorkUnit.SINGLE:
+            return False, "raster: EXPERT_GROUPED_M needs SINGLE work units (PAIR units span two m-blocks)"
         if not 1 <= config.raster_group_m <= 64:
             return False, f"raster_group_m: expected 1..64 m-blocks per group, got {config.raster_group_m}"
-    if config.padding_rows is PaddingRows.SKIP and (
+    if config.padding_rows is PaddingRows.TAIL_TWO_N and config.cluster_m != 1:
+        return False, "padding_rows: TAIL_TWO_N needs SINGLE work units"
+    if config.padding_rows is not PaddingRows.MULTIPLY and (
             swapped or config.consumers is not Consumers.COOPERATIVE or config.tile_m != 128):
-        return False, ("padding_rows: SKIP needs COOPERATIVE consumers on 128-row TOKENS_AS_M tiles (two warpgroups "
-                       "of 64 rows)")
+        return False, (f"padding_rows: {config.padding_rows.name} needs COOPERATIVE consumers on 128-row "
+                       "TOKENS_AS_M tiles (two warpgroups of 64 rows)")
     if config.pair_threshold < 0:
         return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
     stages = resolve_stages(config)
@@ -480,7 +497,7 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         cluster=(config.cluster_m, 1, 1),
         epilogue=problem.epilogue,
         extra=(("stages", resolve_stages(config)), ("sched", config.scheduler.value), ("raster", config.raster.value))
-        + ((("group", config.raster_group_m),) if config.raster is Raster.GROUPED_M else ())
+        + ((("group", config.raster_group_m),) if config.raster in GROUPED_RASTERS else ())
         + ((("consumers", config.consumers.value),) if config.consumers is not Consumers.COOPERATIVE else ())
         + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ())
         + ((("padding", config.padding_rows.value),) if config.padding_rows is not PaddingRows.MULTIPLY else ())

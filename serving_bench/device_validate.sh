@@ -119,7 +119,7 @@ racecheck-wide)  # shared-memory hazards of the wide kernels (per-unit transacti
 memcheck-wide)
     step memcheck-wide 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench --no-pingpong \
-        --routings zero_experts one_expert --only g1_oai_bias_wide256_dynamic g2_rowscale_wide256_one_size ;;
+        --routings zero_experts one_expert --only ${MEMCHECK_ONLY:-g1_oai_bias_wide256_dynamic g2_rowscale_wide256_one_size} ;;
 checks)  # every check variant (regular, swapped, ping-pong) over the four routings, no timings
     step checks 120 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
         --json "$out/checks.json" ;;

@@ -47,6 +47,7 @@ COPIES = 4
 ROUNDS = 15
 DYN, STATIC = s90.Scheduler.DYNAMIC, s90.Scheduler.STATIC
 GROUPED = s90.Raster.GROUPED_M
+EXPERT_GROUPED = s90.Raster.EXPERT_GROUPED_M
 
 
 def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
@@ -78,6 +79,10 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         # the regular choice with the other PaddingRows choice (the regular kernel's only)
         "padding_flip": rep(regular_cfg, padding_rows=s90.PaddingRows.MULTIPLY
                             if regular_cfg.padding_rows is s90.PaddingRows.SKIP else s90.PaddingRows.SKIP),
+        # the regular choice with an expert's last m-block of <= 64 valid rows as one unit over two n-blocks
+        "tail_two_n": rep(regular_cfg, padding_rows=s90.PaddingRows.TAIL_TWO_N),
+        "tail_two_n_expert_grouped8": rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=8,
+                                          padding_rows=s90.PaddingRows.TAIL_TWO_N),
         "static": base,
         "dynamic": rep(base, scheduler=DYN),
         "pair": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1),
@@ -86,6 +91,10 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "grouped8_dynamic": rep(base, scheduler=DYN, raster=GROUPED, raster_group_m=8),
         "grouped16_dynamic": rep(base, scheduler=DYN, raster=GROUPED, raster_group_m=16),
         "grouped8_static": rep(base, scheduler=STATIC, raster=GROUPED, raster_group_m=8),
+        # groups cut at expert boundaries (every m-block of a group reads one weight tile)
+        "expert_grouped4_dynamic": rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=4),
+        "expert_grouped8_dynamic": rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=8),
+        "expert_grouped16_dynamic": rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=16),
         "pair_dynamic": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN),
         "pair_grouped4_dynamic": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN,
                                      raster=GROUPED, raster_group_m=4),

@@ -240,6 +240,15 @@ def test_grouped_raster_limits_and_key():
     assert len(stems) == 2 and all("group" in stem for stem in stems)
     along_n = s90.Sm90GemmConfig()
     assert s90.kernel_key(along_n, p1) == s90.kernel_key(dataclasses.replace(along_n, raster_group_m=3), p1)
+    # EXPERT_GROUPED_M: the same group limits, SINGLE units only, its own key (with the group size)
+    by_expert = dataclasses.replace(grouped, raster=s90.Raster.EXPERT_GROUPED_M)
+    assert s90.can_implement(by_expert, p1) == (True, "")
+    ok, why = s90.can_implement(dataclasses.replace(by_expert, work_unit=WorkUnit.PAIR), p1)
+    assert not ok and why.startswith("raster: EXPERT_GROUPED_M needs SINGLE"), why
+    ok, why = s90.can_implement(dataclasses.replace(by_expert, raster_group_m=65), p1)
+    assert not ok and "raster_group_m" in why
+    key = s90.kernel_key(by_expert, p1).file_stem()
+    assert "rasterexpert-grouped-m_group4" in key and key != s90.kernel_key(grouped, p1).file_stem()
 
 
 def test_padding_rows_limits_and_key():
@@ -306,6 +315,17 @@ SMALL = [  # (name, config, problem): one per epilogue, work unit and scheduler
                                                               raster=s90.Raster.GROUPED_M, raster_group_m=3,
                                                               padding_rows=s90.PaddingRows.SKIP),
      s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
+    ("rowscale_bias_expert_grouped_dynamic", s90.Sm90GemmConfig(tile_n=256, scheduler=s90.Scheduler.DYNAMIC,
+                                                                raster=s90.Raster.EXPERT_GROUPED_M, raster_group_m=4),
+     s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
+    # PaddingRows.TAIL_TWO_N: tails over two n-blocks (odd n-block count: the last tail has one), both GEMMs
+    ("oai_bias_tail_two_n_dynamic", s90.Sm90GemmConfig(tile_n=128, scheduler=s90.Scheduler.DYNAMIC,
+                                                       padding_rows=s90.PaddingRows.TAIL_TWO_N),
+     s90.Sm90Problem(G1, 384, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, has_bias=True)),
+    ("rowscale_tail_two_n_grouped", s90.Sm90GemmConfig(tile_n=256, scheduler=s90.Scheduler.DYNAMIC,
+                                                       raster=s90.Raster.GROUPED_M, raster_group_m=3,
+                                                       padding_rows=s90.PaddingRows.TAIL_TWO_N),
+     s90.Sm90Problem(G2, 512, 128, 4, torch.bfloat16, None, False, True)),
     ("swiglu_pair_dynamic", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.DYNAMIC,
                                                raster=s90.Raster.GROUPED_M, raster_group_m=4),
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
