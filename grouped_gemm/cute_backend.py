@@ -25,12 +25,6 @@ Warp roles (one CTA, 128 threads per warpgroup):
   padding_rows SKIP (COOPERATIVE): a warpgroup whose 64 rows of the tile are all padding (an expert's last
   m-block with at most 64 valid rows) only waits on and releases each stage, so the other warpgroup has
   the tensor cores to itself; its accumulator stays 0 and its rows are stored like any padding row.
-  padding_rows TAIL_TWO_N (COOPERATIVE, SINGLE): an expert's last m-block with at most 64 valid rows is one
-  unit of 2 * k_tiles stages whose weight tiles alternate between n-blocks nb and nb + 1; warpgroup w
-  multiplies the tile's first 64 rows (warpgroup 1 through warpgroup 0's A partition) on stages of parity w,
-  retiring them before the release, and only waits on and releases the others; the epilogue stores the two
-  64-row halves of each sub-tile to the two n-blocks (a 64-row TMA store atom). The unit at the odd n-block
-  is empty: the producer skips it when fetching (STATIC: consumers skip it too).
 Pipelines:
 - mainloop (PipelineTmaAsync, `stages` deep): "full" = the stage's A and B bytes landed (transaction
   count), "empty" = every consumer warp of every CTA that reads this stage's B (both CTAs of a cluster,
@@ -100,7 +94,6 @@ CONSUMERS_COOPERATIVE = "cooperative"  # the consumer warpgroups split the rows 
 CONSUMERS_PINGPONG = "pingpong"  # two consumer warpgroups take alternate units (epilogue under the other's MMA)
 PADDING_MULTIPLY = "multiply"  # a consumer warpgroup whose 64 rows are all padding runs its MMAs anyway
 PADDING_SKIP = "skip"  # ... only waits on and releases the stages (COOPERATIVE 128-row tiles)
-PADDING_TAIL_TWO_N = "tail_two_n"  # an m-block of <= 64 valid rows: one unit over two n-blocks (see the docstring)
 
 
 class Sm90GroupedGemmKernel:
@@ -128,7 +121,6 @@ class Sm90GroupedGemmKernel:
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
         self.pingpong = consumers == CONSUMERS_PINGPONG
         self.skip_padding = padding_rows == PADDING_SKIP
-        self.tail_two_n = padding_rows == PADDING_TAIL_TWO_N
         self.stages = stages
         self.cluster_m = cluster_m
         self.epilogue = epilogue
@@ -198,13 +190,6 @@ class Sm90GroupedGemmKernel:
         b_smem_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile_mnk, self.ab_dtype, self.stages)
         epi_buffers = self.epi_stages * (2 if self.pingpong else 1)  # pingpong: one set per warpgroup
         epi_smem_staged = sm90_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile, epi_buffers)
-        # TAIL_TWO_N: the same buffers as 64-row halves (a tail stores the halves of a sub-tile to two n-blocks);
-        # otherwise the full buffers stand in (unused)
-        self.epi_half_tile = self.epi_tile
-        epi_half_staged = epi_smem_staged
-        if cutlass.const_expr(self.tail_two_n):
-            self.epi_half_tile = (64, self.epi_tile[1])
-            epi_half_staged = sm90_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_half_tile, 2 * epi_buffers)
 
         # B viewed as (N, K, E) so that the expert is the batch mode of the TMA tensor
         b_nke = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 2, 0]))
@@ -232,12 +217,6 @@ class Sm90GroupedGemmKernel:
             cute.slice_(epi_smem_staged, (None, None, 0)),
             self.epi_tile,
         )
-        tma_atom_c_half, tma_c_half = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(),
-            c,
-            cute.slice_(epi_half_staged, (None, None, 0)),
-            self.epi_half_tile,
-        )
         self.tma_bytes = cute.size_in_bytes(self.ab_dtype, a_smem_one) + cute.size_in_bytes(self.ab_dtype, b_smem_one)
 
         @cute.struct
@@ -262,8 +241,6 @@ class Sm90GroupedGemmKernel:
             tma_b_mc,
             tma_atom_c,
             tma_c,
-            tma_atom_c_half,
-            tma_c_half,
             row_offsets,
             counts,
             bias,
@@ -273,7 +250,6 @@ class Sm90GroupedGemmKernel:
             a_smem_staged,
             b_smem_staged,
             epi_smem_staged,
-            epi_half_staged,
             self.tiled_mma,
             self.out_tiled_mma,
         ).launch(
@@ -340,9 +316,6 @@ class Sm90GroupedGemmKernel:
         row = cutlass.min(m_block, num_m_blocks - 1) * self.tile_m
         expert = self.expert_of_row(row_offsets, row)
         has_valid = in_use and (m_block * self.tile_m - row_offsets[expert]) < counts[expert]
-        is_tail = cutlass.Boolean(False)
-        if cutlass.const_expr(self.tail_two_n):
-            is_tail = has_valid and row_offsets[expert] + counts[expert] - m_block * self.tile_m <= 64
         is_pair = cutlass.Boolean(False)
         if cutlass.const_expr(self.cluster_m == 2):
             first = mu * 2
@@ -350,40 +323,7 @@ class Sm90GroupedGemmKernel:
             e0 = self.expert_of_row(row_offsets, first * self.tile_m)
             e1 = self.expert_of_row(row_offsets, cutlass.min(second, num_m_blocks - 1) * self.tile_m)
             is_pair = second < num_m_blocks and e0 == e1 and counts[e0] >= pair_threshold
-        return m_block, nb, expert, in_use, has_valid, is_pair, is_tail
-
-    @cute.jit
-    def unit_stages(self, k_tiles, is_tail):
-        """Mainloop stages of one unit: k_tiles, or 2 * k_tiles for a TAIL_TWO_N tail."""
-        stages = k_tiles
-        if cutlass.const_expr(self.tail_two_n):
-            stages = cutlass.Int32(k_tiles)
-            if is_tail:
-                stages = cutlass.Int32(2 * k_tiles)
-        return stages
-
-    @cute.jit
-    def unit_is_empty(self, unit, total, row_offsets, counts) -> cutlass.Boolean:
-        """TAIL_TWO_N: a tail m-block's unit at an odd n-block is empty (its even neighbour covers it)."""
-        empty = cutlass.Boolean(False)
-        if unit < total:
-            m_block, nb, expert, in_use, has_valid, is_pair, is_tail = self.decode_unit(
-                unit, row_offsets, counts, cutlass.Int32(0), cutlass.Int32(0)
-            )
-            empty = is_tail and nb % 2 == 1
-        return empty
-
-    @cute.jit
-    def skip_empty_units(self, unit, total, row_offsets, counts, cluster_id, num_clusters, workspace, rank):
-        """The first unit from `unit` on that is not empty (STATIC: every num_clusters-th; DYNAMIC, producer
-        warp only: further fetches). Only TAIL_TWO_N has empty units; the consumers of a DYNAMIC kernel only
-        ever read the non-empty units the producer published."""
-        if cutlass.const_expr(self.tail_two_n):
-            empty = self.unit_is_empty(unit, total, row_offsets, counts)
-            while empty:
-                unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, rank)
-                empty = self.unit_is_empty(unit, total, row_offsets, counts)
-        return unit
+        return m_block, nb, expert, in_use, has_valid, is_pair
 
     @cute.jit
     def total_units(self, row_offsets) -> cutlass.Int32:
@@ -402,8 +342,6 @@ class Sm90GroupedGemmKernel:
         mB_mc: cute.Tensor,
         tma_atom_c: cute.CopyAtom,
         mC: cute.Tensor,
-        tma_atom_c_half: cute.CopyAtom,
-        mC_half: cute.Tensor,
         row_offsets: cute.Tensor,
         counts: cute.Tensor,
         bias: cute.Tensor,
@@ -413,7 +351,6 @@ class Sm90GroupedGemmKernel:
         a_smem_staged: cute.ComposedLayout,
         b_smem_staged: cute.ComposedLayout,
         epi_smem_staged: cute.ComposedLayout,
-        epi_half_staged: cute.ComposedLayout,
         tiled_mma: cute.TiledMma,
         out_tiled_mma: cute.TiledMma,
     ):
@@ -426,8 +363,6 @@ class Sm90GroupedGemmKernel:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b_mc)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_c)
-            if cutlass.const_expr(self.tail_two_n):
-                cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_c_half)
 
         rank = cutlass.Int32(0)
         if cutlass.const_expr(self.cluster_m > 1):
@@ -468,7 +403,6 @@ class Sm90GroupedGemmKernel:
         sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
-        sC_half = storage.sC.get_tensor(epi_half_staged.outer, swizzle=epi_half_staged.inner)
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
         # SMEM copies of the dispatch metadata: the per-unit expert search then costs SMEM, not L2, latency
         s_rows = storage.expert_rows.get_tensor(cute.make_layout(self.num_experts + 1))
@@ -484,7 +418,6 @@ class Sm90GroupedGemmKernel:
         gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (None, None, None))
         gB_mc = cute.local_tile(mB_mc, (self.tile_n, self.tile_k), (None, None, None))
         gC = cute.local_tile(mC, (self.tile_m, self.out_tile_n), (None, None))
-        gC_half = cute.local_tile(mC_half, (64, self.out_tile_n), (None, None))  # (64, bN_out, 2 RestM, RestN)
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
             tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
         )
@@ -509,29 +442,18 @@ class Sm90GroupedGemmKernel:
             if warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
-                total = self.total_units(s_rows)
                 unit = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True, rank)
-                unit = self.skip_empty_units(unit, total, s_rows, s_counts, cluster_id, num_clusters, workspace, rank)
                 if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
                     unit = self.publish_unit(unit, sched, sched_state, slots, rank)
                     sched_state.advance()  # pipeline states advance in the loop body, where the DSL carries them
+                total = self.total_units(s_rows)
                 while unit < total:
-                    m_block, nb, expert, in_use, has_valid, is_pair, is_tail = self.decode_unit(
+                    m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
                         unit, s_rows, s_counts, pair_threshold, rank
                     )
                     # ask for the next unit now: the atomic's latency hides behind this unit's loads
                     next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, rank)
-                    # TAIL_TWO_N tail: 2 * k_tiles stages, the weight tiles of n-blocks nb and nb + 1 alternating
-                    # (past the last n-block: nb's again, which only keeps the stage's byte count), the token
-                    # tile the same for both
-                    unit_stages = self.unit_stages(k_tiles, is_tail)
-                    for j in cutlass.range(unit_stages, unroll=1):
-                        k = j
-                        nb_j = nb
-                        if cutlass.const_expr(self.tail_two_n):
-                            if is_tail:
-                                k = j // 2
-                                nb_j = cutlass.min(nb + j % 2, self.n_blocks - 1)
+                    for k in cutlass.range(k_tiles, unroll=1):
                         mainloop.producer_acquire(state)
                         bar = mainloop.producer_get_barrier(state)
                         cute.copy(tma_atom_a, tAgA[(None, m_block, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
@@ -547,10 +469,10 @@ class Sm90GroupedGemmKernel:
                             else:
                                 cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                         else:
-                            cute.copy(tma_atom_b, tBgB[(None, nb_j, k, expert)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                            cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                         mainloop.producer_commit(state)
                         state.advance()
-                    unit = self.skip_empty_units(next_unit, total, s_rows, s_counts, cluster_id, num_clusters, workspace, rank)
+                    unit = next_unit
                     if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
                         unit = self.publish_unit(unit, sched, sched_state, slots, rank)
                         sched_state.advance()
@@ -570,9 +492,6 @@ class Sm90GroupedGemmKernel:
             tCsA = thr_mma.partition_A(sA)
             tCsB = thr_mma.partition_B(sB)
             tCrA = tiled_mma.make_fragment_A(tCsA)
-            # TAIL_TWO_N tails: both warpgroups multiply the tile's first 64 rows (warpgroup 0's partition)
-            tCrA_tail = tiled_mma.make_fragment_A(tiled_mma.get_slice(ctidx % self.threads_per_wg).partition_A(sA))
-            wg_half = wg_row0 // 64
             tCrB = tiled_mma.make_fragment_B(tCsB)
             acc_shape = thr_mma.partition_shape_C((self.tile_m, self.tile_n))
             acc = cute.make_rmem_tensor(acc_shape, self.acc_dtype)
@@ -602,16 +521,14 @@ class Sm90GroupedGemmKernel:
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             sched_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.sched_stages)
             epi_count = cutlass.Int32(0)
-            total = self.total_units(s_rows)
             unit = cluster_id
             if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
                 unit = self.read_published_unit(sched, sched_read, slots)
                 sched_read.advance()
-            else:
-                unit = self.skip_empty_units(unit, total, s_rows, s_counts, cluster_id, num_clusters, workspace, rank)
+            total = self.total_units(s_rows)
             if cutlass.const_expr(not self.pingpong):
                 while unit < total:
-                    m_block, nb, expert, in_use, has_valid, is_pair, is_tail = self.decode_unit(
+                    m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
                         unit, s_rows, s_counts, pair_threshold, rank
                     )
                     # ---- mainloop: one wgmma group in flight, release the stage of the previous group
@@ -624,30 +541,7 @@ class Sm90GroupedGemmKernel:
                         # expert end at valid_end (warpgroup-uniform: a dynamic branch)
                         valid_end = s_rows[expert] + s_counts[expert] - m_block * self.tile_m
                         multiplies = wg_row0 < valid_end
-                    tail = False
-                    if cutlass.const_expr(self.tail_two_n):
-                        tail = is_tail
-                    if tail:
-                        # TAIL_TWO_N tail: 2 * k_tiles stages, the weight tiles of n-blocks nb (even stages, this
-                        # CTA's warpgroup 0) and nb + 1 (odd, warpgroup 1) alternating; each warpgroup multiplies
-                        # the tile's first 64 rows on its own stages (and retires them before releasing: the other
-                        # warpgroup's MMAs fill the gap) and only waits on and releases the others
-                        own = 0
-                        if nb + wg_half < self.n_blocks:
-                            own = 1
-                        for j in cutlass.range(2 * k_tiles, unroll=1):
-                            mainloop.consumer_wait(read_state)
-                            if j % 2 == wg_half and own == 1:
-                                cute.nvgpu.warpgroup.fence()
-                                for kb in cutlass.range_constexpr(num_k_blocks):
-                                    coord = (None, None, kb, read_state.index)
-                                    cute.gemm(tiled_mma, acc, tCrA_tail[coord], tCrB[coord], acc)
-                                cute.nvgpu.warpgroup.commit_group()
-                                cute.nvgpu.warpgroup.wait_group(0)
-                            mainloop.consumer_release(release_state)
-                            release_state.advance()
-                            read_state.advance()
-                    elif multiplies:
+                    if multiplies:
                         for k in cutlass.range(k_tiles, unroll=1):
                             mainloop.consumer_wait(read_state)
                             # wgmma.fence before each K tile's MMAs (as CUTLASS does): where ptxas has to insert
@@ -678,38 +572,16 @@ class Sm90GroupedGemmKernel:
 
                     # ---- epilogue (CTA-uniform branch: every consumer thread takes the same one)
                     if has_valid:
-                        # a TAIL_TWO_N tail: warpgroup 1 holds rows 0..63 (its coordinates say 64..127) of n-block nb + 1
-                        n0 = nb * self.tile_n
-                        r0 = m_block * self.tile_m
-                        if cutlass.const_expr(self.tail_two_n):
-                            if is_tail:
-                                n0 = (nb + wg_half) * self.tile_n
-                                r0 = m_block * self.tile_m - 64 * wg_half
-                        self.apply_epilogue(acc, out, coords_acc, coords_out, expert, n0, r0, bias, row_scale)
-                        if cutlass.const_expr(self.tail_two_n):
-                            if is_tail:
-                                epi_count = self.store_tail_tile(
-                                    gC_half[(None, None, 2 * m_block, nb)],
-                                    gC_half[(None, None, 2 * m_block, cutlass.min(nb + 1, self.n_blocks - 1))],
-                                    nb + 1 < self.n_blocks, sC, sC_half, tma_atom_c_half, tiled_copy_r2s, tRS_rOut,
-                                    tRS_rD, tRS_rD_out, tRS_sD, store_pipe, self.epi_barrier, epi_count, warp_idx == 4,
-                                )
-                            else:
-                                epi_count = self.store_tile(
-                                    gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD,
-                                    tRS_rD_out, tRS_sD, store_pipe, self.epi_barrier, 0, epi_count, warp_idx == 4,
-                                )
-                        else:
-                            epi_count = self.store_tile(
-                                gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD,
-                                tRS_rD_out, tRS_sD, store_pipe, self.epi_barrier, 0, epi_count, warp_idx == 4,
-                            )
+                        self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
+                        epi_count = self.store_tile(
+                            gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD, tRS_rD_out,
+                            tRS_sD, store_pipe, self.epi_barrier, 0, epi_count, warp_idx == 4,
+                        )
                     if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
                         unit = self.read_published_unit(sched, sched_read, slots)
                         sched_read.advance()
                     else:
-                        unit = self.skip_empty_units(unit + num_clusters, total, s_rows, s_counts, cluster_id,
-                                                     num_clusters, workspace, rank)
+                        unit = unit + num_clusters
             else:
                 # PINGPONG: warpgroup wg takes the units with even/odd ordinal; the mainloop pipeline holds
                 # k_tiles stages per unit in unit order, so unit ordinal j starts at stage count j * k_tiles
@@ -722,7 +594,7 @@ class Sm90GroupedGemmKernel:
                 seen = cutlass.Int32(0)
                 while unit < total:
                     if seen % 2 == wg:
-                        m_block, nb, expert, in_use, has_valid, is_pair, is_tail = self.decode_unit(
+                        m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
                             unit, s_rows, s_counts, pair_threshold, rank
                         )
                         pos = seen * k_tiles
@@ -750,8 +622,7 @@ class Sm90GroupedGemmKernel:
                             mainloop.consumer_release(rl)
                             rl.advance()
                         if has_valid:
-                            self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb * self.tile_n,
-                                                m_block * self.tile_m, bias, row_scale)
+                            self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
                             epi_count = self.store_tile(
                                 gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD,
                                 tRS_rD_out, tRS_sD, store_pipe, epi_barrier, wg * self.epi_stages, epi_count,
@@ -790,42 +661,6 @@ class Sm90GroupedGemmKernel:
             epi_barrier.arrive_and_wait()
             if is_store_warp:
                 cute.copy(tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))])
-                store_pipe.producer_commit()
-                store_pipe.producer_acquire()
-            epi_barrier.arrive_and_wait()
-        return epi_count + epi_num
-
-    @cute.jit
-    def store_tail_tile(self, gC_lower, gC_upper, store_upper, sC, sC_half, tma_atom_c_half, tiled_copy_r2s, tRS_rOut,
-                        tRS_rD, tRS_rD_out, tRS_sD, store_pipe, epi_barrier, epi_count, is_store_warp) -> cutlass.Int32:
-        """store_tile for a TAIL_TWO_N tail: each epilogue sub-tile's first 64 rows (warpgroup 0) go to gC_lower
-        (64 rows of n-block nb), its last 64 (warpgroup 1) to gC_upper (the same rows of n-block nb + 1; not
-        stored past the last n-block): two 64-row TMA stores from the halves of the SMEM buffer."""
-        lower_epi = cute.zipped_divide(gC_lower, self.epi_half_tile)
-        upper_epi = cute.zipped_divide(gC_upper, self.epi_half_tile)
-        bSG_sD, bSG_gD_lower = cute.nvgpu.cpasync.tma_partition(
-            tma_atom_c_half, 0, cute.make_layout(1), cute.group_modes(sC_half, 0, 2), lower_epi
-        )
-        _, bSG_gD_upper = cute.nvgpu.cpasync.tma_partition(
-            tma_atom_c_half, 0, cute.make_layout(1), cute.group_modes(sC_half, 0, 2), upper_epi
-        )
-        epi_num = cute.size(lower_epi, mode=[1])
-        epi_shape = lower_epi.shape[1]
-        epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-        size_rD = cute.size(tRS_rD)
-        for epi_idx in cutlass.range_constexpr(epi_num):
-            for v in cutlass.range_constexpr(size_rD):
-                tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
-            tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
-            buf = (epi_count + epi_idx) % self.epi_stages
-            cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
-            cute.arch.fence_proxy("async.shared", space="cta")
-            epi_barrier.arrive_and_wait()
-            if is_store_warp:
-                coord = epi_layout.get_hier_coord(epi_idx)
-                cute.copy(tma_atom_c_half, bSG_sD[(None, 2 * buf)], bSG_gD_lower[(None, coord)])
-                if store_upper:
-                    cute.copy(tma_atom_c_half, bSG_sD[(None, 2 * buf + 1)], bSG_gD_upper[(None, coord)])
                 store_pipe.producer_commit()
                 store_pipe.producer_acquire()
             epi_barrier.arrive_and_wait()
@@ -918,9 +753,10 @@ class Sm90GroupedGemmKernel:
 
     # ------------------------------------------------------------------ epilogue math
     @cute.jit
-    def apply_epilogue(self, acc, out, coords_acc, coords_out, expert, n0, r0, bias, row_scale):
-        """acc (tile_m x tile_n, fp32) -> out (tile_m x out_tile_n, fp32) in registers; the tile's first weight
-        row is n0 and its first token row r0 (the coordinates are relative to them)."""
+    def apply_epilogue(self, acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale):
+        """acc (tile_m x tile_n, fp32) -> out (tile_m x out_tile_n, fp32) in registers."""
+        n0 = nb * self.tile_n
+        r0 = m_block * self.tile_m
         if cutlass.const_expr(self.has_bias):
             for i in cutlass.range_constexpr(cute.size(acc)):
                 acc[i] = acc[i] + bias[expert, n0 + coords_acc[i][1]]

@@ -97,11 +97,6 @@ class PaddingRows(enum.Enum):
     # waits on each stage and releases it without MMAs: the other warpgroup has the tensor cores to itself,
     # so such a tile takes about half the MMA time
     SKIP = "skip"
-    # the m-block is one unit over two neighbouring n-blocks, one per warpgroup: both multiply the m-block's
-    # first 64 rows (which hold its valid ones), warpgroup 0 with n-block nb's weight tile, warpgroup 1 with
-    # nb + 1's, on alternate stages; so the m-block's last 64 rows are never multiplied (nor written), and its
-    # weight tiles stream at the pace of the expert's full m-blocks (SKIP's half-MMA units run ahead of them)
-    TAIL_TWO_N = "tail_two_n"
 
 
 class Operands(enum.Enum):
@@ -307,12 +302,10 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
             return False, "raster: EXPERT_GROUPED_M needs SINGLE work units (PAIR units span two m-blocks)"
         if not 1 <= config.raster_group_m <= 64:
             return False, f"raster_group_m: expected 1..64 m-blocks per group, got {config.raster_group_m}"
-    if config.padding_rows is PaddingRows.TAIL_TWO_N and config.cluster_m != 1:
-        return False, "padding_rows: TAIL_TWO_N needs SINGLE work units"
-    if config.padding_rows is not PaddingRows.MULTIPLY and (
+    if config.padding_rows is PaddingRows.SKIP and (
             swapped or config.consumers is not Consumers.COOPERATIVE or config.tile_m != 128):
-        return False, (f"padding_rows: {config.padding_rows.name} needs COOPERATIVE consumers on 128-row "
-                       "TOKENS_AS_M tiles (two warpgroups of 64 rows)")
+        return False, ("padding_rows: SKIP needs COOPERATIVE consumers on 128-row TOKENS_AS_M tiles (two warpgroups "
+                       "of 64 rows)")
     if config.pair_threshold < 0:
         return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
     stages = resolve_stages(config)

@@ -53,7 +53,6 @@ def check_variants():
     """(name, config, problem) for the correctness tier, simplest first."""
     bf = torch.bfloat16
     SKIP = s90.PaddingRows.SKIP
-    TAIL = s90.PaddingRows.TAIL_TWO_N
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
     single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
     dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
@@ -106,16 +105,6 @@ def check_variants():
                                                             raster=s90.Raster.GROUPED_M, raster_group_m=3,
                                                             padding_rows=SKIP), p2_bias),
         ("g2_rowscale_skip_decode", Cfg(tile_n=256, padding_rows=SKIP), p2),
-        # PaddingRows.TAIL_TWO_N: an m-block of <= 64 valid rows is one unit over n-blocks nb and nb + 1 (3 n-blocks:
-        # the last tail has one; "_decode": every m-block is a tail), static and dynamic, every epilogue kind
-        ("g1_swiglu_tail_two_n_dynamic", Cfg(tile_n=128, scheduler=s90.Scheduler.DYNAMIC, padding_rows=TAIL), p1),
-        ("g1_oai_bias_tail_two_n_n512_many", Cfg(tile_n=256, padding_rows=TAIL), p1_oai_n512),
-        ("g1_gelu_tail_two_n_expert_grouped3_dynamic", Cfg(tile_n=128, scheduler=s90.Scheduler.DYNAMIC,
-                                                           raster=s90.Raster.EXPERT_GROUPED_M, raster_group_m=3,
-                                                           padding_rows=TAIL), p1_gelu),
-        ("g2_rowscale_bias_tail_two_n_dynamic_many", Cfg(tile_n=128, scheduler=s90.Scheduler.DYNAMIC,
-                                                         padding_rows=TAIL), p2_bias),
-        ("g2_rowscale_tail_two_n_decode", Cfg(tile_n=128, padding_rows=TAIL), p2),
         # swapped operands (decode kernel): token tiles of 8..64 rows, weight tiles of 64..256 rows
         ("g1_swiglu_swapped16", swapped(16, 128), p1),
         ("g1_gelu_swapped64", swapped(64, 64, tile_k=64), p1_gelu),

@@ -79,10 +79,6 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         # the regular choice with the other PaddingRows choice (the regular kernel's only)
         "padding_flip": rep(regular_cfg, padding_rows=s90.PaddingRows.MULTIPLY
                             if regular_cfg.padding_rows is s90.PaddingRows.SKIP else s90.PaddingRows.SKIP),
-        # the regular choice with an expert's last m-block of <= 64 valid rows as one unit over two n-blocks
-        "tail_two_n": rep(regular_cfg, padding_rows=s90.PaddingRows.TAIL_TWO_N),
-        "tail_two_n_expert_grouped8": rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=8,
-                                          padding_rows=s90.PaddingRows.TAIL_TWO_N),
         "static": base,
         "dynamic": rep(base, scheduler=DYN),
         "pair": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1),
