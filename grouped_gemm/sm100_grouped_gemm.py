@@ -68,7 +68,8 @@ from .budget import (
     tmem_columns,
 )
 from .epilogue import GATE_UP_CHUNK, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation, GemmStage, epilogue_name
-from .sm90_grouped_gemm import epilogue_operands  # one host-side epilogue operand layout for both CuTe families
+# one host-side epilogue operand layout for both CuTe families
+from .sm90_grouped_gemm import KernelBias, epilogue_operands, kernel_bias  # noqa: F401 (kernel_bias: the layer)
 
 __all__ = [
     "Sm100Problem",
@@ -938,9 +939,10 @@ def _launch(config, problem, a, w, out, row_offsets, counts, bias, row_scale):
 
 
 def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: torch.Tensor, counts: torch.Tensor,
-                        activation: Activation = Activation.SWIGLU, b13: torch.Tensor | None = None,
+                        activation: Activation = Activation.SWIGLU, b13: torch.Tensor | KernelBias | None = None,
                         out: torch.Tensor | None = None, config: Sm100GemmConfig | None = None) -> torch.Tensor:
-    """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13, b13 public [E, 2I]."""
+    """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13, b13 public [E, 2I] or
+    its kernel_bias."""
     _check_inputs(a, packed_w13, row_offsets, counts, "packed_w13")
     num_experts, two_i, hidden = packed_w13.shape
     problem = Sm100Problem(GemmStage.GEMM1, two_i, hidden, num_experts, _DTYPES[a.dtype],
@@ -956,7 +958,7 @@ def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: 
 
 
 def sm100_grouped_gemm2(a: torch.Tensor, w2: torch.Tensor, row_offsets: torch.Tensor, counts: torch.Tensor,
-                        row_scale: torch.Tensor | None = None, b2: torch.Tensor | None = None,
+                        row_scale: torch.Tensor | None = None, b2: torch.Tensor | KernelBias | None = None,
                         out: torch.Tensor | None = None, config: Sm100GemmConfig | None = None) -> torch.Tensor:
     """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H]."""
     _check_inputs(a, w2, row_offsets, counts, "w2")

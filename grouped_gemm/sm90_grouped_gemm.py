@@ -48,6 +48,8 @@ __all__ = [
     "prepack_w13",
     "pack_gate_up_rows",
     "epilogue_operands",
+    "KernelBias",
+    "kernel_bias",
     "kernel_key",
     "compile_kernel",
     "sm90_grouped_gemm1",
@@ -454,22 +456,49 @@ def prepack_w13(w13: torch.Tensor) -> torch.Tensor:
     return pack_gate_up_rows(w13)
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelBias:
+    """A bias already in the CuTe kernels' epilogue layout: fp32, contiguous, GEMM1's interleaved like the packed
+    w13 (kernel_bias makes it once, at load). The grouped GEMMs of both CuTe families take it in place of the
+    public b13 / b2 and then convert nothing per call (the public form costs 1-2 copy launches per GEMM)."""
+
+    stage: GemmStage
+    values: torch.Tensor  # [E, N] fp32
+
+
+def kernel_bias(stage: GemmStage, bias: torch.Tensor) -> KernelBias:
+    """The public b13 [E, 2I] (stage GEMM1) or b2 [E, H] (GEMM2) in the kernels' epilogue layout."""
+    stage = GemmStage(stage)
+    name = "b13" if stage is GemmStage.GEMM1 else "b2"
+    if not isinstance(bias, torch.Tensor) or bias.dim() != 2 or not bias.is_floating_point():
+        raise TypeError(f"{name}: expected a 2-d floating-point tensor [E, N], got {getattr(bias, 'shape', type(bias))}")
+    values = bias.float()
+    if stage is GemmStage.GEMM1:
+        values = pack_gate_up_rows(values.unsqueeze(-1)).squeeze(-1)
+    return KernelBias(stage, values.contiguous())
+
+
 def epilogue_operands(
-    stage: GemmStage, num_experts: int, n: int, rows: int, bias: torch.Tensor | None, row_scale: torch.Tensor | None
+    stage: GemmStage, num_experts: int, n: int, rows: int, bias: torch.Tensor | KernelBias | None,
+    row_scale: torch.Tensor | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The CuTe kernels' fp32 epilogue operands (sm90 and sm100) from the public ones; None stays None.
 
-    bias: GEMM1's b13 [E, 2I] (returned interleaved like prepack_w13) or GEMM2's b2 [E, H]; n is 2I or H.
+    bias: GEMM1's b13 [E, 2I] (returned interleaved like prepack_w13) or GEMM2's b2 [E, H]; n is 2I or H; or a
+    KernelBias of this stage (returned as it is).
     row_scale: GEMM2's router weight per row, [rows].
     """
     name = "b13" if stage is GemmStage.GEMM1 else "b2"
-    if bias is not None:
+    if isinstance(bias, KernelBias):
+        if bias.stage is not stage:
+            raise ValueError(f"{name}: a KernelBias made for {bias.stage.name}, this is {stage.name}")
+        if bias.values.shape != (num_experts, n):
+            raise TypeError(f"{name}: expected [{num_experts}, {n}], got {tuple(bias.values.shape)}")
+        bias = bias.values
+    elif bias is not None:
         if bias.shape != (num_experts, n):
             raise TypeError(f"{name}: expected [{num_experts}, {n}], got {tuple(bias.shape)}")
-        bias = bias.float()
-        if stage is GemmStage.GEMM1:
-            bias = pack_gate_up_rows(bias.unsqueeze(-1)).squeeze(-1)
-        bias = bias.contiguous()
+        bias = kernel_bias(stage, bias).values
     if row_scale is not None:
         if row_scale.shape != (rows,):
             raise TypeError(f"row_scale: expected [{rows}], got {tuple(row_scale.shape)}")
@@ -650,13 +679,14 @@ def sm90_grouped_gemm1(
     row_offsets: torch.Tensor,
     counts: torch.Tensor,
     activation: Activation = Activation.SWIGLU,
-    b13: torch.Tensor | None = None,
+    b13: torch.Tensor | KernelBias | None = None,
     out: torch.Tensor | None = None,
     config: Sm90GemmConfig | None = None,
     kernel_directory=None,
     rows_per_expert: float | None = None,
 ) -> torch.Tensor:
-    """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13; b13 public [E, 2I].
+    """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13; b13 public [E, 2I]
+    or its kernel_bias (made once: no per-call conversion).
 
     config None: default_config(problem, rows_per_expert=rows_per_expert) (a host-side estimate such as
     T * k / E picks the decode kernel; None: the regular one)."""
@@ -677,13 +707,14 @@ def sm90_grouped_gemm2(
     row_offsets: torch.Tensor,
     counts: torch.Tensor,
     row_scale: torch.Tensor | None = None,
-    b2: torch.Tensor | None = None,
+    b2: torch.Tensor | KernelBias | None = None,
     out: torch.Tensor | None = None,
     config: Sm90GemmConfig | None = None,
     kernel_directory=None,
     rows_per_expert: float | None = None,
 ) -> torch.Tensor:
-    """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H]; config None as in sm90_grouped_gemm1."""
+    """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H] (b2 public or its kernel_bias); config None as
+    in sm90_grouped_gemm1."""
     _check_common(a, w2, row_offsets, counts, "w2")
     num_experts, hidden, inter = w2.shape
     problem = Sm90Problem(GemmStage.GEMM2, hidden, inter, num_experts, a.dtype, None, b2 is not None, row_scale is not None)

@@ -1,7 +1,8 @@
 """Ahead-of-time kernel bundles: compile a model's grouped GEMM kernels on a machine without a GPU.
 
     python -m moe2cta.aot build --model qwen3-30b-a3b --arch sm_90a --out DIR [--keep-ptx]
-    python -m moe2cta.aot build --model custom:H,I,E,k --arch sm_90a --out DIR   (a SwiGLU layer of that shape)
+    python -m moe2cta.aot build --model custom:H,I,E,k[,ACTIVATION[,bias]] --arch sm_90a --out DIR   (a layer of that
+    shape: SwiGLU, or e.g. swiglu_oai,bias for a gpt-oss-120b kind of layer)
 
 writes one shared library per kernel (tvm-ffi ABI, symbolic token count) plus manifest.json into DIR, and
 with --keep-ptx the PTX beside each. At run time point MOE2CTA_KERNEL_DIR (or the kernel_directory argument)
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moe2cta.aot", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile a model's kernels into a bundle directory")
-    b.add_argument("--model", required=True, help="preset name (moe2cta.presets.PRESETS), or custom:H,I,E,k")
+    b.add_argument("--model", required=True, help="preset name (moe2cta.presets.PRESETS), or custom:H,I,E,k[,ACTIVATION[,bias]]")
     b.add_argument("--arch", required=True, choices=ARCHES)
     b.add_argument("--out", required=True, help="bundle directory")
     b.add_argument("--keep-ptx", action="store_true", help="write each kernel's PTX beside it")

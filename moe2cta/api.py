@@ -464,11 +464,18 @@ def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
 def _prepare_cute(layer: "MoELayer") -> dict:
     """w13 in W13Layout.CHUNKED (for the fused activation): packed once here from the public layout (a second
     copy beside the caller's), or the caller's own tensor when the layer was handed it packed (no copy).
-    b13 stays public: the CuTe family packs it per call (a few KB), the Triton kernel reads it as is."""
+    The biases in the CuTe epilogue's layout (fp32, b13 interleaved like w13; a few MB for gpt-oss-120b), made
+    here once: converting them per forward cost gpt-oss-120b three copy launches, ~12 us (H200 profile). The
+    Triton kernels read the public b13 / b2 as they are."""
     capability = torch.cuda.get_device_capability(layer.w13.device)
     module = _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")[0]
     packed = layer.w13 if layer.w13_layout is W13Layout.CHUNKED else pack_gate_up_rows(layer.w13)
-    prepared = {"module": module, "packed_w13": packed}
+    prepared = {
+        "module": module,
+        "packed_w13": packed,
+        "b13": None if layer.b13 is None else module.kernel_bias(GemmStage.GEMM1, layer.b13),
+        "b2": None if layer.b2 is None else module.kernel_bias(GemmStage.GEMM2, layer.b2),
+    }
     if hasattr(module, "default_overrides_tuning"):  # sm90: the layer's two GEMM problems, for the tuning lookup
         on_input = layer.config.router_weight_on is RouterWeightOn.INPUT
         prepared["problems"] = (
@@ -518,9 +525,10 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         hint["rows_per_expert"] = rows_per_expert
         if any(module.default_overrides_tuning(p, rows_per_expert) for p in prepared["problems"]):
             cfg1 = cfg2 = None
-    a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=layer.b13,
+    a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=prepared["b13"],
                config=cfg1, **hint)
-    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=layer.b2, config=cfg2, **hint)
+    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=prepared["b2"], config=cfg2,
+              **hint)
     return _router_api().combine(
         y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()
     )

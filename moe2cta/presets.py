@@ -70,11 +70,27 @@ def get_preset(name: str) -> ModelPreset:
 
 
 def custom_preset(spec: str) -> ModelPreset:
-    """'H,I,E,k' -> a softmax/renormalize SwiGLU preset named custom-H-I-E-k."""
+    """'H,I,E,k' -> a softmax/renormalize SwiGLU preset named custom-H-I-E-k; 'H,I,E,k,ACTIVATION' picks the
+    activation (an Activation value: swiglu, swiglu_oai, gelu_gated) and 'H,I,E,k,ACTIVATION,bias' adds w13 / w2
+    biases (a gpt-oss-120b kind of layer: 'H,I,E,k,swiglu_oai,bias')."""
+    fields = spec.split(",")
     try:
-        hidden, inter, experts, top_k = (int(x) for x in spec.split(","))
+        hidden, inter, experts, top_k = (int(x) for x in fields[:4])
     except ValueError:
-        raise ValueError(f"custom: expected 'H,I,E,k' (four integers), got {spec!r}") from None
+        raise ValueError(f"custom: expected 'H,I,E,k[,ACTIVATION[,bias]]' (four integers first), got {spec!r}") from None
     if min(hidden, inter, experts, top_k) < 1 or top_k > experts:
         raise ValueError(f"custom: expected positive H, I, E and 1 <= k <= E, got {spec!r}")
-    return ModelPreset(f"custom-{hidden}-{inter}-{experts}-{top_k}", hidden, inter, experts, RoutingConfig(top_k=top_k))
+    if len(fields) > 6 or (len(fields) == 6 and fields[5] != "bias"):
+        raise ValueError(f"custom: expected 'H,I,E,k[,ACTIVATION[,bias]]', got {spec!r}")
+    activation = Activation.SWIGLU
+    if len(fields) >= 5:
+        try:
+            activation = Activation.parse(fields[4])
+        except (TypeError, ValueError):
+            names = ", ".join(a.value for a in Activation)
+            raise ValueError(f"custom: activation {fields[4]!r} is none of {names} (in {spec!r})") from None
+    has_bias = len(fields) == 6
+    name = f"custom-{hidden}-{inter}-{experts}-{top_k}"
+    if len(fields) >= 5:
+        name += f"-{activation.value}" + ("-bias" if has_bias else "")
+    return ModelPreset(name, hidden, inter, experts, RoutingConfig(top_k=top_k), activation, has_bias)

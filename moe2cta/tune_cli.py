@@ -10,7 +10,7 @@
         kernel is reported, never cached), times the right ones, writes the fastest per bucket into the
         tuning cache (--cache, else $MOE2CTA_TUNING_CACHE, else ~/.cache/moe2cta/tuning.json) and prints one
         table per GEMM. Refuses inside CUDA-graph capture.
-    --model custom:H,I,E,k names a SwiGLU layer of that shape (as in moe2cta.aot).
+    --model custom:H,I,E,k[,ACTIVATION[,bias]] names a layer of that shape (SwiGLU by default; as in moe2cta.aot).
 
 Use the same --buckets and --top for both steps (a kernel missing from the bundle is reported as failed).
 Only sm_90a for now: the sm_100a family has no (config -> default candidate) mapping here yet.
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     for name, text in (("build", "compile every kernel the run step times (needs the CuTe DSL, no GPU)"),
                        ("run", "time the candidates on this GPU and write the tuning cache (needs the bundle)")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--model", required=True, help="preset name (moe2cta.presets.PRESETS), or custom:H,I,E,k")
+        p.add_argument("--model", required=True, help="preset name (moe2cta.presets.PRESETS), or custom:H,I,E,k[,ACTIVATION[,bias]]")
         p.add_argument("--arch", required=True, choices=ARCHES)
         p.add_argument("--buckets", type=int, nargs="+", default=list(DEFAULT_BUCKETS),
                        help="rows per expert, powers of two (default: 1 2 4 ... 4096)")

@@ -473,22 +473,29 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @needs_cuda
 @pytest.mark.parametrize("backend", ["auto", "triton", "cute"])
 @pytest.mark.parametrize("num_tokens", [0, 1, 7, 128, 1024])
-def test_gpu_backend_matches_reference(backend, num_tokens):
-    layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=20)
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_gpu_backend_matches_reference(backend, num_tokens, bias):
+    layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=20, bias=bias)
     routing = RoutingConfig(top_k=4)
+    activation = Activation.SWIGLU_OAI if bias else Activation.SWIGLU  # gpt-oss-120b's kind of layer
     args = (layer["hidden"], layer["w13"], layer["w2"])
     ok, reason = is_supported(backend, *args, routing=routing)
     if not ok:
         pytest.skip(reason)
-    moe = MoELayer(layer["w13"], layer["w2"], routing=routing, backend=backend)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=routing, backend=backend, activation=activation,
+                   b13=layer.get("b13"), b2=layer.get("b2"))
+    if bias and moe.prepared:  # the CuTe path: biases in the epilogue layout once, at construction
+        from moe2cta.grouped_gemm.sm90_grouped_gemm import KernelBias
+
+        assert isinstance(moe.prepared["b13"], KernelBias) and isinstance(moe.prepared["b2"], KernelBias)
     out = moe(layer["hidden"], layer["logits"])
     assert out.shape == (num_tokens, 256) and out.dtype == torch.bfloat16
     if num_tokens == 0:
         return
     weights, ids = route(layer["logits"], routing, backend="torch")
-    want = moe_reference(*args, weights, ids, dtype=torch.float64)
-    same = moe_reference(*args, weights, ids, dtype=torch.bfloat16)
-    assert rel_err(out, want) <= 2 * rel_err(same, want) + 1e-3, moe.backend_reason
+    refs = [moe_reference(*args, weights, ids, activation, layer.get("b13"), layer.get("b2"), dtype=dtype)
+            for dtype in (torch.float64, torch.bfloat16)]
+    assert rel_err(out, refs[0]) <= 2 * rel_err(refs[1], refs[0]) + 1e-3, moe.backend_reason
 
 
 @pytest.mark.gpu

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from moe2cta.grouped_gemm import Activation
 from moe2cta.presets import PRESETS, custom_preset, get_preset
 from moe2cta.router import RoutingConfig, Scoring
 from moe2cta.serving_bench import backends as backends_mod
@@ -59,6 +60,20 @@ def test_floor_matches_peers_file(model, tokens, hit, floor_us):
     if preset.has_bias:  # the peers file leaves the (small) bias bytes out; we count them
         floor_us += hit * (2 * preset.intermediate + preset.hidden) * 2 / DEFAULT_CEILINGS.bandwidth * 1e6
     assert floor.us == pytest.approx(floor_us, abs=0.06)
+
+
+def test_custom_preset_spec():
+    """'H,I,E,k' is a SwiGLU layer; a fifth field names the activation and a sixth, 'bias', adds biases."""
+    plain = custom_preset("256,128,16,4")
+    assert (plain.name, plain.activation, plain.has_bias, plain.top_k) == ("custom-256-128-16-4", Activation.SWIGLU,
+                                                                          False, 4)
+    oai = custom_preset("256,128,16,4,swiglu_oai,bias")
+    assert (oai.name, oai.activation, oai.has_bias) == ("custom-256-128-16-4-swiglu_oai-bias", Activation.SWIGLU_OAI, True)
+    assert custom_preset("256,128,16,4,gelu_gated").activation is Activation.GELU_GATED
+    for bad, fragment in (("256,128,16", "four integers"), ("256,128,16,4,relu", "activation 'relu'"),
+                          ("256,128,16,4,swiglu,biases", "ACTIVATION"), ("256,128,4,8", "1 <= k <= E")):
+        with pytest.raises(ValueError, match=fragment):
+            custom_preset(bad)
 
 
 def test_floor_arithmetic_and_bound():
@@ -524,3 +539,37 @@ def test_prefill_gemm_bench_takes_several_paddings():
 
     with pytest.raises(SystemExit):
         prefill_gemm_bench.main(["--padding", "random", "ones", "--build", "/nonexistent"])
+
+
+def test_layer_runs_combines_per_model_runs(tmp_path):
+    """layer_runs: one combined JSON of every cell, geomeans of time / floor per phase over the ok cells only, the
+    worst cell, and the previous run's medians beside."""
+    from moe2cta.serving_bench import layer_runs
+
+    def run(name, cells):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps({"results": [
+            {"model": m, "tokens": t, "backend": b, "floor_us": 10.0, "median_us": us, "rel_err": 1e-3, "status": st}
+            for m, t, b, us, st in cells]}))
+        return d
+
+    a = run("a", [("m1", 1, "auto", 11.0, "ok"), ("m1", 2048, "auto", 20.0, "ok"), ("m1", 1024, "auto", 99.0, "ok")])
+    b = run("b", [("m2", 1, "auto", 14.0, "ok"), ("m2", 8192, "auto", 15.0, "ok"), ("m2", 32, "auto", 500.0, "error")])
+    prev = tmp_path / "prev.json"
+    prev.write_text(json.dumps({"results": [{"model": "m1", "tokens": 1, "backend": "auto", "floor_us": 10.0,
+                                             "median_us": 12.5, "status": "ok", "ratio": 1.25, "phase": "decode"}]}))
+    out_json, out_md = tmp_path / "v.json", tmp_path / "v.md"
+    assert layer_runs.main([str(a), str(b), "--run", "vX", "--json", str(out_json), "--md", str(out_md),
+                            "--previous", str(prev)]) == 0
+    cells = json.loads(out_json.read_text())["results"]
+    assert len(cells) == 6 and {c["phase"] for c in cells} == {"decode", "prefill", "between"}
+    s = layer_runs.summary(cells)["auto"]
+    assert s["decode"] == pytest.approx(math.sqrt(1.1 * 1.4))  # the error cell does not count
+    assert s["prefill"] == pytest.approx(math.sqrt(2.0 * 1.5))
+    assert s["worst"] == (pytest.approx(9.9), "m1", 1024)
+    md = out_md.read_text()
+    assert "# Full layer, run vX" in md and "| m1 | 1 | 10.0 | 11.0 (1.10x) | 12.5 |" in md
+    assert "| m2 | 32 | 10.0 | error | - |" in md and "1.250 / - / 1.25" in md  # not timed; the previous run
+    with pytest.raises(ValueError, match="run_dirs: .*results.json does not exist"):
+        layer_runs.load_cells([tmp_path / "missing"])

@@ -70,6 +70,30 @@ def test_prepack_rejects_bad_shapes():
         s90.prepack_w13(torch.randn(1, 24, 8))
 
 
+def test_kernel_bias_is_the_per_call_conversion_made_once():
+    """kernel_bias gives the epilogue operand epilogue_operands makes from the public bias (GEMM1: fp32, interleaved
+    like the packed w13), and epilogue_operands passes it through unchanged; a bias of the other GEMM or of another
+    shape is refused by name."""
+    e, two_i, h = 3, 32, 24
+    b13 = torch.randn(e, two_i, dtype=torch.bfloat16)
+    b2 = torch.randn(e, h)
+    want13, _ = s90.epilogue_operands(G1, e, two_i, 5, b13, None)
+    kb13 = s90.kernel_bias(G1, b13)
+    assert kb13.values.dtype == torch.float32 and kb13.values.is_contiguous()
+    assert torch.equal(kb13.values, want13)
+    assert torch.equal(kb13.values, s90.prepack_w13(b13.float().unsqueeze(-1)).squeeze(-1))
+    got13, _ = s90.epilogue_operands(G1, e, two_i, 5, kb13, None)
+    assert got13 is kb13.values  # nothing converted per call
+    got2, _ = s90.epilogue_operands(G2, e, h, 5, s90.kernel_bias(G2, b2), None)
+    assert torch.equal(got2, b2)
+    with pytest.raises(ValueError, match="b2: a KernelBias made for GEMM1"):
+        s90.epilogue_operands(G2, e, two_i, 5, kb13, None)
+    with pytest.raises(TypeError, match=r"b13: expected \[3, 64\]"):
+        s90.epilogue_operands(G1, e, 64, 5, kb13, None)
+    with pytest.raises(TypeError, match="b13: expected a 2-d floating-point tensor"):
+        s90.kernel_bias(G1, torch.zeros(e, two_i, dtype=torch.int32))
+
+
 def test_can_implement_reasons():
     p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
     assert s90.can_implement(s90.Sm90GemmConfig(), p1) == (True, "")

@@ -1,0 +1,117 @@
+"""Combine per-model layer runs into one result: JSON of every cell and a Markdown summary.
+
+    python -m moe2cta.serving_bench.layer_runs --run v15 --json OUT.json --md OUT.md \\
+        [--previous serving_bench/results/layer-h200-2026-12-01-v14.json] RUN_DIR [RUN_DIR ...]
+
+Each RUN_DIR holds the results.json of one `python -m moe2cta.serving_bench --models MODEL --full` invocation
+(device_validate.sh's `layer-full` step writes one per model, so that a partial run keeps what finished). The
+combined JSON has one entry per (model, tokens, backend): floor, median, error, status, time / floor and the
+phase (decode T <= 512, prefill T >= 2048, as the targets define them). The Markdown gives per backend the
+geometric means of time / floor over the decode and prefill cells and the worst cell, and per cell the medians,
+beside those of a previous combined run when one is given. Only cells whose status is ok count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+
+DECODE_MAX_TOKENS = 512
+PREFILL_MIN_TOKENS = 2048
+
+
+def phase_of(tokens: int) -> str:
+    return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill" if tokens >= PREFILL_MIN_TOKENS else "between"
+
+
+def load_cells(run_dirs) -> list[dict]:
+    """The ok-or-not cells of every results.json under run_dirs, in the combined format."""
+    cells = []
+    for run_dir in run_dirs:
+        path = pathlib.Path(run_dir) / "results.json"
+        if not path.is_file():
+            raise ValueError(f"run_dirs: {path} does not exist")
+        for r in json.loads(path.read_text())["results"]:
+            ratio = r["median_us"] / r["floor_us"] if r.get("median_us") and r.get("floor_us") else None
+            cells.append({"model": r["model"], "tokens": int(r["tokens"]), "backend": r["backend"],
+                          "floor_us": r.get("floor_us"), "median_us": r.get("median_us"), "rel_err": r.get("rel_err"),
+                          "status": r["status"], "ratio": ratio, "phase": phase_of(int(r["tokens"]))})
+    return cells
+
+
+def summary(cells: list[dict]) -> dict:
+    """{backend: {"decode", "prefill", "all": geomean of time / floor; "worst": (ratio, model, tokens)}}."""
+    out = {}
+    for backend in dict.fromkeys(c["backend"] for c in cells):
+        ok = [c for c in cells if c["backend"] == backend and c["status"] == "ok" and c["ratio"]]
+        if not ok:
+            continue
+
+        def geomean(rows):
+            return math.exp(sum(math.log(c["ratio"]) for c in rows) / len(rows)) if rows else None
+
+        worst = max(ok, key=lambda c: c["ratio"])
+        out[backend] = {"decode": geomean([c for c in ok if c["phase"] == "decode"]),
+                        "prefill": geomean([c for c in ok if c["phase"] == "prefill"]),
+                        "all": geomean(ok), "worst": (worst["ratio"], worst["model"], worst["tokens"])}
+    return out
+
+
+def _fmt(x, spec=".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(run: str, cells: list[dict], previous: list[dict] | None = None) -> str:
+    now = summary(cells)
+    before = summary(previous) if previous else {}
+    lines = [f"# Full layer, run {run}", "", "| backend | decode T<=512 | prefill T>=2048 | all | worst cell |"
+             + (" previous decode / prefill / worst |" if before else ""),
+             "|---|---|---|---|---|" + ("---|" if before else "")]
+    for backend, s in now.items():
+        worst = f"{s['worst'][0]:.2f} ({s['worst'][1]} T={s['worst'][2]})"
+        row = f"| {backend} | {_fmt(s['decode'])} | {_fmt(s['prefill'])} | {_fmt(s['all'])} | {worst} |"
+        if before:
+            b = before.get(backend)
+            row += (f" {_fmt(b['decode'])} / {_fmt(b['prefill'])} / {b['worst'][0]:.2f} |" if b else " - |")
+        lines.append(row)
+    backends = list(now)
+    old = {(c["model"], c["tokens"], c["backend"]): c for c in previous or []}
+    lines += ["", "| model | T | floor us | " + " | ".join(backends) + " |" + (" previous " + " / ".join(backends) + " |"
+                                                                           if previous else ""),
+              "|---|---|---|" + "---|" * len(backends) + ("---|" if previous else "")]
+    by_cell = {(c["model"], c["tokens"], c["backend"]): c for c in cells}
+    for model, tokens in dict.fromkeys((c["model"], c["tokens"]) for c in cells):
+        floor = next(c["floor_us"] for c in cells if (c["model"], c["tokens"]) == (model, tokens))
+        row = f"| {model} | {tokens} | {_fmt(floor, '.1f')} |"
+        for b in backends:
+            c = by_cell.get((model, tokens, b))
+            ok = c is not None and c["status"] == "ok" and c["ratio"]
+            row += f" {c['median_us']:.1f} ({c['ratio']:.2f}x) |" if ok else f" {c['status'] if c else '-'} |"
+        if previous:
+            row += " " + " / ".join(_fmt((old.get((model, tokens, b)) or {}).get("median_us"), ".1f") for b in backends) + " |"
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+", help="directories holding one results.json each")
+    parser.add_argument("--run", required=True, help="the run's name, e.g. v15")
+    parser.add_argument("--json", required=True, help="combined JSON to write")
+    parser.add_argument("--md", required=True, help="Markdown summary to write")
+    parser.add_argument("--previous", default=None, help="a combined JSON of an earlier run, shown beside")
+    parser.add_argument("--device", default="NVIDIA H200")
+    args = parser.parse_args(argv)
+    cells = load_cells(args.run_dirs)
+    previous = json.loads(pathlib.Path(args.previous).read_text())["results"] if args.previous else None
+    pathlib.Path(args.json).write_text(json.dumps({"run": args.run, "device": args.device, "results": cells}, indent=1))
+    pathlib.Path(args.md).write_text(markdown(args.run, cells, previous))
+    for backend, s in summary(cells).items():
+        print(f"{backend:12s} decode {_fmt(s['decode'])} prefill {_fmt(s['prefill'])} worst {s['worst'][0]:.2f} "
+              f"({s['worst'][1]} T={s['worst'][2]})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
