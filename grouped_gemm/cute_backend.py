@@ -8,9 +8,20 @@ expert order) times B[e] [N, K] (K-major), fp32 accumulation, fused epilogue, ou
 dtype. One launch covers all experts; which tiles exist is decided on the device from row_offsets and
 counts (no host sync, CUDA-graph capturable). M is symbolic: one compiled kernel serves every batch.
 
+A comes from one of two places (a_source): A_COPY, the gathered copy [M, K] in padded expert order; or
+A_TOKEN_ROWS (GEMM1, SINGLE units, COOPERATIVE), the token matrix [T, K] itself, where padded row r reads token
+a_rows[r] // rows_per_token (a_rows = the dispatch's sorted_slots; a padding row, -1, reads token r % T: a real
+row's values, and no row that every CTA reads at once).
+
 Warp roles (one CTA, 128 threads per warpgroup):
 - warpgroup 0, warp 0: TMA producer. For each work unit it walks the K tiles and issues one TMA load of
   the CTA's A tile and one of the B tile into the next free stage of the mainloop pipeline.
+  A_TOKEN_ROWS: all four warps of warpgroup 0 produce. At each unit every thread reads the tokens of its 8
+  rows (thread t: rows t // 8 + 16 i); per stage it waits for the stage to be empty, copies chunk t % 8 (16
+  bytes) of each of its rows' 64-column slices by cp.async into the swizzled stage, and arrives on the stage's
+  full barrier when those copies landed (cp.async.mbarrier.arrive.noinc). Warp 0 also sets B's transaction
+  bytes and loads B by TMA. (One 1-row TMA box per row instead was measured 1.7-3x slower: 128 TMA issues
+  per stage.)
 - consumer warpgroups 1..W, wgmma. COOPERATIVE (W = tile_m / 64): each owns 64 rows of every tile.
   PINGPONG (W = 2; validated on the H200, not the default: at most 128x128 per warpgroup, which loses
   to COOPERATIVE 128x256): each takes every other unit whole, so one warpgroup's epilogue runs under
@@ -27,10 +38,11 @@ Warp roles (one CTA, 128 threads per warpgroup):
   the tensor cores to itself; its accumulator stays 0 and its rows are stored like any padding row.
 Pipelines:
 - mainloop (PipelineTmaAsync, `stages` deep): "full" = the stage's A and B bytes landed (transaction
-  count), "empty" = every consumer warp of every CTA that reads this stage's B (both CTAs of a cluster,
-  since B may be multicast into both) is done with it.
+  count; A_TOKEN_ROWS: B's bytes and 128 more arrivals, one per producer thread whose copies landed), "empty" =
+  every consumer warp of every CTA that reads this stage's B (both CTAs of a cluster, since B may be
+  multicast into both) is done with it.
 - scheduler (PipelineAsync, 2 slots, DYNAMIC only): "full" = the producer wrote the next unit id into
-  the SMEM slot, "empty" = every consumer thread read it. Clusters of 2: rank 0's producer also stores the
+  the SMEM slot, "empty" = every consumer thread read it (A_TOKEN_ROWS: and every producer thread). Clusters of 2: rank 0's producer also stores the
   unit into rank 1's slot (st.async.shared::cluster, completing rank 1's "full" barrier by its 4 bytes,
   which rank 1's producer expects), and "empty" lives in rank 0 only: every reader of both CTAs (the
   consumer threads of both, and rank 1's producer) arrives there.
@@ -60,7 +72,8 @@ counter needs no host reset: every fetching CTA adds one to a finish count after
 last one to finish zeroes both words for the next launch (launches that share a workspace must be
 stream-ordered).
 
-Limits: bf16/fp16, K-major A and B, K % 8 == 0 (TMA zero-fills a partial last K tile), N % tile_n == 0,
+Limits: bf16/fp16, K-major A and B, K % 8 == 0 (TMA zero-fills a partial last K tile; A_TOKEN_ROWS: K % tile_k
+== 0, tile_k a multiple of 64, and every a_rows entry below T * rows_per_token), N % tile_n == 0,
 row_offsets multiples of tile_m, at most 256 experts; GEMM1 weights prepacked (gate/up rows
 interleaved in chunks of 8, matching the wgmma accumulator's 8-column groups).
 """
@@ -94,6 +107,10 @@ CONSUMERS_COOPERATIVE = "cooperative"  # the consumer warpgroups split the rows 
 CONSUMERS_PINGPONG = "pingpong"  # two consumer warpgroups take alternate units (epilogue under the other's MMA)
 PADDING_MULTIPLY = "multiply"  # a consumer warpgroup whose 64 rows are all padding runs its MMAs anyway
 PADDING_SKIP = "skip"  # ... only waits on and releases the stages (COOPERATIVE 128-row tiles)
+A_COPY = "copy"  # A is the gathered copy [M, K] in padded expert order, loaded by TMA
+# A is the token matrix [T, K]; row r reads token a_rows[r] // rows_per_token (padding: r % T) by cp.async
+A_TOKEN_ROWS = "token_rows"
+CP_ASYNC_CHUNK = 8  # elements per 16-byte cp.async (bf16 / fp16)
 
 
 class Sm90GroupedGemmKernel:
@@ -117,8 +134,10 @@ class Sm90GroupedGemmKernel:
         consumers: str = CONSUMERS_COOPERATIVE,
         raster_group_m: int = 8,
         padding_rows: str = PADDING_MULTIPLY,
+        a_source: str = A_COPY,
     ):
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
+        self.token_rows = a_source == A_TOKEN_ROWS
         self.pingpong = consumers == CONSUMERS_PINGPONG
         self.skip_padding = padding_rows == PADDING_SKIP
         self.stages = stages
@@ -159,6 +178,34 @@ class Sm90GroupedGemmKernel:
         pair_threshold: cutlass.Int32,
         stream,
     ):
+        """A_COPY: A is the gathered copy in padded expert order."""
+        self.launch(a, row_offsets, cutlass.Int32(1), b, c, row_offsets, counts, bias, row_scale, workspace,
+                    pair_threshold, stream)
+
+    @cute.jit
+    def call_token_rows(
+        self,
+        a: cute.Tensor,  # [T, K]: the token rows
+        a_rows: cute.Tensor,  # [M] int32: padded row -> slot t * rows_per_token + j (-1: padding, reads token row % T)
+        b: cute.Tensor,
+        c: cute.Tensor,  # [M, N_out]
+        row_offsets: cute.Tensor,
+        counts: cute.Tensor,
+        bias: cute.Tensor,
+        row_scale: cute.Tensor,
+        workspace: cute.Tensor,
+        pair_threshold: cutlass.Int32,
+        rows_per_token: cutlass.Int32,  # top-k: slot // rows_per_token is the token
+        stream,
+    ):
+        """A_TOKEN_ROWS: GEMM1 reads the token rows itself (no gathered copy of A)."""
+        self.launch(a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, pair_threshold,
+                    stream)
+
+    @cute.jit
+    def launch(self, a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, pair_threshold,
+               stream):
+        """Trace-time set-up (MMA atoms, SMEM layouts, copy atoms, shared storage) and the launch."""
         self.ab_dtype = a.element_type
         self.n_blocks = b.shape[1] // self.tile_n
         self.c_dtype = c.element_type
@@ -196,9 +243,19 @@ class Sm90GroupedGemmKernel:
 
         a_smem_one = cute.slice_(a_smem_staged, (None, None, 0))
         b_smem_one = cute.slice_(b_smem_staged, (None, None, 0))
-        tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a, a_smem_one, (self.tile_m, self.tile_k)
-        )
+        if cutlass.const_expr(self.token_rows):
+            # 16-byte cp.async per thread; the producer warpgroup's 128 threads cover 16 rows x 8 chunks of 8
+            # elements per copy (tile_k 64: one 128-byte row slice per 8 threads, coalesced)
+            tma_atom_a = cute.make_copy_atom(
+                cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
+                self.ab_dtype,
+                num_bits_per_copy=128,
+            )
+            tma_a = a
+        else:
+            tma_atom_a, tma_a = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a, a_smem_one, (self.tile_m, self.tile_k)
+            )
         tma_atom_b, tma_b = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), b_nke, b_smem_one, (self.tile_n, self.tile_k)
         )
@@ -217,7 +274,9 @@ class Sm90GroupedGemmKernel:
             cute.slice_(epi_smem_staged, (None, None, 0)),
             self.epi_tile,
         )
-        self.tma_bytes = cute.size_in_bytes(self.ab_dtype, a_smem_one) + cute.size_in_bytes(self.ab_dtype, b_smem_one)
+        self.tma_bytes = cute.size_in_bytes(self.ab_dtype, b_smem_one)
+        if cutlass.const_expr(not self.token_rows):
+            self.tma_bytes += cute.size_in_bytes(self.ab_dtype, a_smem_one)
 
         @cute.struct
         class SharedStorage:
@@ -241,6 +300,8 @@ class Sm90GroupedGemmKernel:
             tma_b_mc,
             tma_atom_c,
             tma_c,
+            a_rows,
+            rows_per_token,
             row_offsets,
             counts,
             bias,
@@ -342,6 +403,8 @@ class Sm90GroupedGemmKernel:
         mB_mc: cute.Tensor,
         tma_atom_c: cute.CopyAtom,
         mC: cute.Tensor,
+        a_rows: cute.Tensor,
+        rows_per_token: cutlass.Int32,
         row_offsets: cute.Tensor,
         counts: cute.Tensor,
         bias: cute.Tensor,
@@ -359,7 +422,8 @@ class Sm90GroupedGemmKernel:
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
+            if cutlass.const_expr(not self.token_rows):
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_b_mc)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_c)
@@ -377,7 +441,11 @@ class Sm90GroupedGemmKernel:
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mainloop_barriers.data_ptr(),
             num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # "full": the TMA thread's arrival (with B's transaction bytes, and A's with A_COPY); A_TOKEN_ROWS:
+            # also one arrival per producer thread when its cp.async copies of the stage landed (.noinc)
+            producer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, 1 + (self.threads_per_wg if self.token_rows else 0)
+            ),
             # every warp that reads a stage releases it in every CTA of the cluster (pingpong: one warpgroup)
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.cluster_m * self.mma_wg * 4),
             tx_count=self.tma_bytes,
@@ -392,8 +460,11 @@ class Sm90GroupedGemmKernel:
             barrier_storage=storage.sched_barriers.data_ptr(),
             num_stages=self.sched_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # A_TOKEN_ROWS: the four producer warps read every unit too
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.cluster_m * self.num_consumer_threads + self.cluster_m - 1
+                pipeline.Agent.Thread,
+                self.cluster_m * self.num_consumer_threads + self.cluster_m - 1
+                + (self.threads_per_wg if self.token_rows else 0),
             ),
             consumer_mask=cutlass.Int32(0) if self.cluster_m > 1 else None,
             defer_sync=True,
@@ -418,9 +489,11 @@ class Sm90GroupedGemmKernel:
         gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (None, None, None))
         gB_mc = cute.local_tile(mB_mc, (self.tile_n, self.tile_k), (None, None, None))
         gC = cute.local_tile(mC, (self.tile_m, self.out_tile_n), (None, None))
-        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
-            tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
-        )
+        tAsA, tAgA = sA, gA
+        if cutlass.const_expr(not self.token_rows):
+            tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+                tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
+            )
         tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
             tma_atom_b, 0, cute.make_layout(1), cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2)
         )
@@ -439,7 +512,12 @@ class Sm90GroupedGemmKernel:
         if wg_idx == 0:
             # ---------------------------------------------------------- producer warpgroup
             cute.arch.setmaxregister_decrease(40)
-            if warp_idx == 0:
+            if cutlass.const_expr(self.token_rows):
+                self.produce_token_rows(
+                    tidx, warp_idx, mA, a_rows, rows_per_token, tma_atom_a, sA, tma_atom_b, tBgB, tBsB, mainloop,
+                    sched, slots, s_rows, s_counts, workspace, pair_threshold, cluster_id, num_clusters, k_tiles,
+                )
+            elif warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
                 unit = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True, rank)
@@ -635,6 +713,87 @@ class Sm90GroupedGemmKernel:
                     else:
                         unit = unit + num_clusters
             store_pipe.producer_tail()
+
+    # ------------------------------------------------------------------ A_TOKEN_ROWS producer
+    @cute.jit
+    def produce_token_rows(self, tidx, warp_idx, mA, a_rows, rows_per_token, cp_atom, sA, tma_atom_b, tBgB, tBsB,
+                           mainloop, sched, slots, s_rows, s_counts, workspace, pair_threshold, cluster_id,
+                           num_clusters, k_tiles):
+        """The producer warpgroup with A_TOKEN_ROWS (SINGLE units): all four warps copy the unit's token rows
+        into each stage by cp.async (thread t: rows t // 8 + 16 i, 16-byte chunk t % 8 of each 64-column slice)
+        and arrive on the stage's full barrier when they landed (cp.async.mbarrier.arrive.noinc, counted in the
+        barrier's arrival count); warp 0 also loads B by TMA and sets the transaction bytes. DYNAMIC: warp 0's
+        lane 0 fetches and publishes each unit, and all four warps read it back from the scheduler slot."""
+        row_stride = mA.layout.stride[0]
+        base = mA.iterator.toint()
+        num_tokens = cutlass.max(cutlass.Int32(mA.shape[0]), cutlass.Int32(1))
+        thread_layout = cute.make_layout((16, 8), stride=(8, 1))
+        tiled_copy = cute.make_tiled_copy_tv(cp_atom, thread_layout, cute.make_layout((1, CP_ASYNC_CHUNK)))
+        thr_copy = tiled_copy.get_slice(tidx)
+        tAsA = thr_copy.partition_D(sA)  # (CPY, tile_m / 16, tile_k / 64, stages)
+        rows_per_thread = self.tile_m // 16
+        slices = self.tile_k // 64
+        row0 = tidx // 8
+        col0 = (tidx % 8) * CP_ASYNC_CHUNK
+        tokens = cute.make_rmem_tensor(cute.make_layout(rows_per_thread), cutlass.Int32)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
+        sched_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.sched_stages)
+        unit = cluster_id
+        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+            if warp_idx == 0:
+                first = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True, 0)
+                self.publish_unit(first, sched, sched_state, slots, 0)
+            sched_state.advance()  # (every warp keeps a copy; warp 0's is the one in use)
+            unit = self.read_published_unit(sched, sched_read, slots)
+            sched_read.advance()
+        total = self.total_units(s_rows)
+        while unit < total:
+            m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(unit, s_rows, s_counts, pair_threshold, 0)
+            next_unit = unit + num_clusters
+            if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                if warp_idx == 0:  # ask for the next unit now: the atomic's latency hides behind the loads
+                    next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, 0)
+            first_row = m_block * self.tile_m + row0
+            for i in cutlass.range_constexpr(rows_per_thread):
+                row = first_row + 16 * i
+                slot = a_rows[row]
+                # a padding row reads some token's row: activation-like values (the GEMMs run faster on those than
+                # on zeros, see GatherPadding), and a different one per row (one shared row, read by every padding
+                # row of every CTA at once, is an L2 hot spot)
+                token = row % num_tokens
+                if slot >= 0:
+                    token = slot // rows_per_token
+                tokens[i] = token
+            for k in cutlass.range(k_tiles, unroll=1):
+                if warp_idx == 0:
+                    mainloop.producer_acquire(state)
+                    cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)],
+                              tma_bar_ptr=mainloop.producer_get_barrier(state))
+                else:
+                    mainloop.sync_object_empty.wait(state.index, state.phase)
+                for i in cutlass.range_constexpr(rows_per_thread):
+                    row_base = cutlass.Int64(tokens[i]) * row_stride + k * self.tile_k + col0
+                    for j in cutlass.range_constexpr(slices):
+                        dst = tAsA[(None, i, j, state.index)]
+                        src_ptr = cute.make_ptr(
+                            self.ab_dtype, base + (row_base + j * 64) * (self.ab_dtype.width // 8),
+                            cute.AddressSpace.gmem, assumed_align=16,
+                        )
+                        cute.copy(cp_atom, cute.make_tensor(src_ptr, cute.make_layout(dst.shape)), dst)
+                cute.arch.cp_async_mbarrier_arrive_noinc(mainloop.producer_get_barrier(state))
+                state.advance()
+            if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                if warp_idx == 0:
+                    self.publish_unit(next_unit, sched, sched_state, slots, 0)
+                sched_state.advance()
+                unit = self.read_published_unit(sched, sched_read, slots)
+                sched_read.advance()
+            else:
+                unit = next_unit
+        if warp_idx == 0:
+            self.finish_dynamic(workspace, num_clusters, 0)
+            mainloop.producer_tail(state)
 
     # ------------------------------------------------------------------ epilogue store
     @cute.jit

@@ -101,6 +101,17 @@ class PaddingRows(enum.Enum):
     SKIP = "skip"
 
 
+class ASource(enum.Enum):
+    """Where the regular (TOKENS_AS_M) kernel reads A from (GEMM1)."""
+
+    # the gathered copy [max_rows, K] in padded expert order (router.gather writes it), loaded by TMA
+    EXPERT_ORDER_COPY = "copy"
+    # the token rows [T, K] themselves: padded row r reads hidden[a_rows[r] // rows_per_token] (a_rows = the
+    # dispatch's sorted_slots; padding rows read hidden[r % T]) through cp.async by the producer warpgroup, so the
+    # layer runs no gather launch and GEMM1 reads T rows instead of T * k (SINGLE units, tile_k a multiple of 64)
+    TOKEN_ROWS = "token_rows"
+
+
 class Operands(enum.Enum):
     """Which side of the wgmma the token rows are (the kernel family file of each: see the module docstring)."""
 
@@ -171,6 +182,7 @@ class Sm90GemmConfig:
     # WEIGHTS_AS_M wide token tiles (tile_m in WIDE_TILE_M): the granularity of the per-unit wgmma N (0: tile_m,
     # one size); decode tiles take 0
     token_step: int = 0
+    a_source: ASource = ASource.EXPERT_ORDER_COPY
 
     @property
     def wide(self) -> bool:
@@ -310,6 +322,17 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
                        "of 64 rows)")
     if config.pair_threshold < 0:
         return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
+    if not isinstance(config.a_source, ASource):
+        return False, f"a_source: expected an ASource, got {config.a_source!r}"
+    if config.a_source is ASource.TOKEN_ROWS:
+        if swapped or config.work_unit is not WorkUnit.SINGLE or config.consumers is not Consumers.COOPERATIVE:
+            return False, ("a_source: TOKEN_ROWS runs the regular (TOKENS_AS_M) kernel with SINGLE work units and "
+                           "COOPERATIVE consumers")
+        if problem.kind is not GemmStage.GEMM1:
+            return False, "a_source: TOKEN_ROWS is GEMM1's (GEMM2 reads GEMM1's output, already in expert order)"
+        if config.tile_k % 64 or problem.k % config.tile_k:
+            return False, (f"a_source: TOKEN_ROWS copies whole 64-column slices: tile_k must be a multiple of 64 "
+                           f"dividing k, got tile_k {config.tile_k}, k {problem.k}")
     stages = resolve_stages(config)
     if stages < 2:
         return False, f"stages: only {stages} fit in SMEM for tile {config.tile_m}x{config.tile_n}x{config.tile_k}"
@@ -523,7 +546,8 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         + ((("consumers", config.consumers.value),) if config.consumers is not Consumers.COOPERATIVE else ())
         + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ())
         + ((("padding", config.padding_rows.value),) if config.padding_rows is not PaddingRows.MULTIPLY else ())
-        + ((("token_step", config.token_step or config.tile_m),) if config.wide else ()),
+        + ((("token_step", config.token_step or config.tile_m),) if config.wide else ())
+        + ((("a_source", config.a_source.value),) if config.a_source is not ASource.EXPERT_ORDER_COPY else ()),
     )
 
 
@@ -568,7 +592,8 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         from .cute_backend import Sm90GroupedGemmKernel
 
         kernel = Sm90GroupedGemmKernel(**common, cluster_m=config.cluster_m, consumers=config.consumers.value,
-                                       raster_group_m=config.raster_group_m, padding_rows=config.padding_rows.value)
+                                       raster_group_m=config.raster_group_m, padding_rows=config.padding_rows.value,
+                                       a_source=config.a_source.value)
     options = f"--enable-tvm-ffi --gpu-arch {Arch.SM90.value}"
     dump_dir = None
     if keep_ptx:  # the compiler also writes the PTX to a file: keep that out of the working directory
@@ -578,6 +603,12 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         dump_dir = tempfile.mkdtemp(prefix="moe2cta-ptx-")
         options += f" --keep-ptx --dump-dir {dump_dir}"
     try:
+        if config.a_source is not ASource.EXPERT_ORDER_COPY:
+            # A is the token matrix [T, K] (T symbolic too) with a_rows [M] and rows_per_token after pair_threshold
+            tokens = make_fake_compact_tensor(dt, (cute.sym_int(), k), stride_order=(1, 0), assumed_align=16)
+            a_rows = make_fake_compact_tensor(cutlass.Int32, (m,))
+            return _compile_token_rows(cute, kernel, options, tokens, a_rows, b, c, row_offsets, counts, bias,
+                                       row_scale, workspace)
         return _compile(cute, kernel, options, a, b, c, row_offsets, counts, bias, row_scale, workspace)
     finally:
         if dump_dir is not None:
@@ -599,6 +630,28 @@ def _compile(cute, kernel, options, a, b, c, row_offsets, counts, bias, row_scal
         row_scale,
         workspace,
         cutlass.Int32(0),
+        make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=options,
+    )
+
+
+def _compile_token_rows(cute, kernel, options, tokens, a_rows, b, c, row_offsets, counts, bias, row_scale, workspace):
+    import cutlass
+    from cutlass.cute.runtime import make_fake_stream
+
+    return cute.compile(
+        kernel.call_token_rows,
+        tokens,
+        a_rows,
+        b,
+        c,
+        row_offsets,
+        counts,
+        bias,
+        row_scale,
+        workspace,
+        cutlass.Int32(0),
+        cutlass.Int32(1),
         make_fake_stream(use_tvm_ffi_env_stream=True),
         options=options,
     )
@@ -652,25 +705,64 @@ def _check_common(a, w, row_offsets, counts, name_w):
         raise ValueError("a, w: expected contiguous (K-major) tensors")
 
 
-def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, directory=None):
+def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, directory=None, a_rows=None,
+         rows_per_token=1):
     ok, why = can_implement(config, problem)
     if not ok:
         raise ValueError(f"config: {why}")
+    if (a_rows is not None) != (config.a_source is not ASource.EXPERT_ORDER_COPY):
+        raise ValueError(f"a_rows: a_source {config.a_source.name} "
+                         + ("takes a_rows (the dispatch's sorted_slots)" if a_rows is None else "takes no a_rows"))
     key = kernel_key(config, problem)
     kernel = _cache_for(directory).get(key, lambda: compile_kernel(config, problem))
     workspace, dummy_bias, dummy_scale = _scratch(a.device)
+    operands = (a, w) if a_rows is None else (a, a_rows, w)
+    tail = (int(config.pair_threshold),) if a_rows is None else (int(config.pair_threshold), int(rows_per_token))
     kernel(
-        a,
-        w,
+        *operands,
         out,
         row_offsets,
         counts,
         bias if bias is not None else dummy_bias,
         row_scale if row_scale is not None else dummy_scale,
         workspace,
-        int(config.pair_threshold),
+        *tail,
     )
     return out
+
+
+# Where a layer's GEMM1 reads the token rows itself by default (Gemm1Input.AUTO), measured on the H200
+# (docs/perf-notes-sm90.md v12, results/token-rows-h200-2026-12-01): the cp.async A path costs the regular kernel
+# up to 17% at high MMA rates, and it saves the gather launch, whose share of the layer grows as GEMM1 narrows
+# (the gather moves T * k * H, GEMM1 2 * T * k * H * 2I). Layer, token rows against gathered copy, T = 2048 / 8192 /
+# 32768: qwen3-30b-a3b (I 768) -6% / -5% / -12%; qwen3-235b-a22b (I 1536) +1% / +11% / +1%, deepseek-v3 (2048)
+# -2% / +2% / +3%, gpt-oss-120b (2880) -1% / +11% / +9%, mixtral-8x7b (14336) +5% / +5% / +6%.
+TOKEN_ROWS_MAX_INTERMEDIATE = 1024
+
+
+def token_rows_pays(problem: Sm90Problem, rows_per_expert: float | None = None) -> bool:
+    """Whether reading the token rows (ASource.TOKEN_ROWS) was measured to beat gather + GEMM1 for this GEMM1: an
+    intermediate size of at most TOKEN_ROWS_MAX_INTERMEDIATE, at any rows per expert where the regular kernel runs
+    (rows_per_expert is kept for a finer rule)."""
+    del rows_per_expert
+    return problem.kind is GemmStage.GEMM1 and problem.out_n <= TOKEN_ROWS_MAX_INTERMEDIATE
+
+
+def token_rows_config(problem: Sm90Problem, rows_per_expert: float | None = None) -> Sm90GemmConfig | None:
+    """The regular kernel of regular_config reading A from the token rows (ASource.TOKEN_ROWS), or None where
+    it cannot (GEMM2, a tile_k that does not divide k)."""
+    cfg = dataclasses.replace(regular_config(problem, rows_per_expert=rows_per_expert), a_source=ASource.TOKEN_ROWS)
+    return cfg if can_implement(cfg, problem)[0] else None
+
+
+def _check_a_rows(a_rows, rows_per_token):
+    if not isinstance(a_rows, torch.Tensor) or a_rows.dim() != 1 or a_rows.dtype != torch.int32:
+        raise TypeError(f"a_rows: expected a 1-d int32 tensor [max_rows] (the dispatch's sorted_slots), got "
+                        f"{getattr(a_rows, 'dtype', type(a_rows))} {tuple(getattr(a_rows, 'shape', ()))}")
+    if isinstance(rows_per_token, bool) or not isinstance(rows_per_token, int) or rows_per_token < 1:
+        raise ValueError(f"rows_per_token: expected an int >= 1 (top-k), got {rows_per_token!r}")
+    if not a_rows.is_contiguous() or not a_rows.is_cuda:
+        raise ValueError("a_rows: expected a contiguous CUDA tensor")
 
 
 def sm90_grouped_gemm1(
@@ -684,21 +776,38 @@ def sm90_grouped_gemm1(
     config: Sm90GemmConfig | None = None,
     kernel_directory=None,
     rows_per_expert: float | None = None,
+    a_rows: torch.Tensor | None = None,
+    rows_per_token: int = 1,
 ) -> torch.Tensor:
     """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13; b13 public [E, 2I]
     or its kernel_bias (made once: no per-call conversion).
 
+    a: the gathered rows [max_rows, H] in padded expert order; or, with a_rows, the token rows [T, H] themselves
+    (ASource.TOKEN_ROWS): row r of the expert order is a[a_rows[r] // rows_per_token], a_rows being the dispatch's
+    sorted_slots (-1 = padding: reads a[r % T]; every other entry must be below T * rows_per_token) and
+    rows_per_token its top-k; the output then has a_rows.shape[0] rows.
+
     config None: default_config(problem, rows_per_expert=rows_per_expert) (a host-side estimate such as
-    T * k / E picks the decode kernel; None: the regular one)."""
+    T * k / E picks the decode kernel; None: the regular one); with a_rows token_rows_config."""
     _check_common(a, packed_w13, row_offsets, counts, "packed_w13")
     activation = Activation.parse(activation)
     num_experts, two_i, hidden = packed_w13.shape
     problem = Sm90Problem(GemmStage.GEMM1, two_i, hidden, num_experts, a.dtype, activation, b13 is not None)
+    rows = a.shape[0]
+    if a_rows is not None:
+        _check_a_rows(a_rows, rows_per_token)
+        rows = a_rows.shape[0]
+        config = config or token_rows_config(problem, rows_per_expert)
+        if config is None:
+            raise ValueError(f"a_rows: no TOKEN_ROWS configuration fits {problem}")
     config = config or default_config(problem, rows_per_expert=rows_per_expert)
     if out is None:
-        out = torch.empty(a.shape[0], two_i // 2, dtype=a.dtype, device=a.device)
-    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, a.shape[0], b13, None)
-    return _run(config, problem, a, packed_w13, out, row_offsets, counts, bias, None, kernel_directory)
+        out = torch.empty(rows, two_i // 2, dtype=a.dtype, device=a.device)
+    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, rows, b13, None)
+    if a_rows is not None and a.shape[0] == 0:  # no tokens: every row is padding (never read)
+        return out
+    return _run(config, problem, a, packed_w13, out, row_offsets, counts, bias, None, kernel_directory, a_rows,
+                rows_per_token)
 
 
 def sm90_grouped_gemm2(
@@ -729,7 +838,8 @@ def sm90_grouped_gemm2(
 def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
     """The kernels a model preset needs: GEMM1 and GEMM2, each as default_config picks it for every
     rows-per-expert range (swapped decode kernels at SWAPPED_PRESET_ROWS, ALONG_N and GROUPED_M regular
-    kernels, and the choice for an unknown estimate), plus STATIC and PAIR alternatives (tuning, pinning)."""
+    kernels, and the choice for an unknown estimate), plus STATIC and PAIR alternatives (tuning, pinning), and
+    GEMM1's regular SINGLE kernels reading the token rows (ASource.TOKEN_ROWS)."""
     dtype = torch.bfloat16
     gemm1 = Sm90Problem(GemmStage.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, dtype,
                         preset.activation, preset.has_bias)
@@ -745,10 +855,19 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
         configs += [default_config(problem, Scheduler.STATIC), default_config(problem, work_unit=WorkUnit.PAIR)]
         configs += [cfg for cfg in (wide_config(problem),) if cfg is not None]  # whatever the policy says
         configs.append(regular_config(problem, rows_per_expert=GROUPED_RASTER_MIN_ROWS))  # ALONG_N regular
+        # GEMM1: every regular kernel also reading the token rows itself (what the layer runs with Gemm1Input.AUTO)
+        configs += [twin for twin in (_token_rows_twin(cfg, problem) for cfg in configs) if twin is not None]
         for cfg in configs:
             if (cfg, problem) not in out:
                 out.append((cfg, problem))
     return out
+
+
+def _token_rows_twin(config: Sm90GemmConfig, problem: Sm90Problem) -> Sm90GemmConfig | None:
+    if config.operands is not Operands.TOKENS_AS_M:
+        return None
+    twin = dataclasses.replace(config, a_source=ASource.TOKEN_ROWS)
+    return twin if can_implement(twin, problem)[0] else None
 
 
 def compile_for_preset(preset, out_dir, keep_ptx: bool = False, extra_configs=()) -> list:
@@ -784,6 +903,7 @@ def _config_json(config: Sm90GemmConfig) -> dict:
         "operands": config.operands.value,
         "padding_rows": config.padding_rows.value,
         "token_step": config.token_step,
+        "a_source": config.a_source.value,
     }
 
 

@@ -12,7 +12,7 @@ units) and combine, behind one small API:
 Importing moe2cta needs neither a GPU nor the CuTe DSL: kernels are imported and built when first used.
 """
 from .api import BackendPlan, MoELayer, fused_moe, is_supported, route
-from .config import Backend, IdCheck, MoEConfig
+from .config import Backend, Gemm1Input, IdCheck, MoEConfig
 from .grouped_gemm import Activation
 from .grouped_gemm.epilogue import W13Layout, pack_gate_up_rows, unpack_gate_up_rows
 from .reference import RouterWeightOn, moe_forward_reference, moe_reference
@@ -24,6 +24,7 @@ __all__ = [
     "Activation",
     "Backend",
     "BackendPlan",
+    "Gemm1Input",
     "IdCheck",
     "MoEConfig",
     "MoELayer",

@@ -46,7 +46,7 @@ import os
 import torch
 
 from . import tuning
-from .config import Backend, IdCheck, MoEConfig, parse_w13_layout
+from .config import Backend, Gemm1Input, IdCheck, MoEConfig, parse_w13_layout
 from .grouped_gemm import Activation, GemmStage
 from .grouped_gemm.epilogue import GATE_UP_CHUNK, W13Layout, pack_gate_up_rows, unpack_gate_up_rows
 from .reference import RouterWeightOn, moe_forward_reference
@@ -504,12 +504,6 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     # sm90, where the regular / wide kernels run (above the swapped-operand decode kernels' range): the padding
     # rows get a copy of a token row. The hardware runs these GEMMs 3-7% faster on activation-like padding than
     # on zeros, which is what a fresh buffer holds (results/padding-modes-h200-2026-12-01/)
-    pad_token_row = prefix == "sm90" and rows_per_expert > module.SWAPPED_MAX_ROWS_PER_EXPERT
-    a1 = router.gather(
-        hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend(),
-        slot_weights=None if on_input else topk_weights, row_weights_out=row_scale,
-        padding=router.GatherPadding.TOKEN_ROW if pad_token_row else router.GatherPadding.LEAVE,
-    )
     # Tuned kernel configurations for this batch's bucket (host-only lookup; None = the family default).
     cfg1, cfg2, _ = tuning.kernel_configs_for_layer(
         "sm_90a" if prefix == "sm90" else "sm_100a", layer.hidden_size, layer.intermediate, layer.num_experts,
@@ -521,17 +515,49 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     # candidates yet and its entries there keep a regular 128-row kernel, which those beat
     # (docs/perf-notes-sm90.md v5, v9): the default wins where it is a swapped-operand kernel.
     hint = {}
+    token_rows_cfg = None
     if prefix == "sm90":
         hint["rows_per_expert"] = rows_per_expert
         if any(module.default_overrides_tuning(p, rows_per_expert) for p in prepared["problems"]):
             cfg1 = cfg2 = None
-    a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=prepared["b13"],
-               config=cfg1, **hint)
+        wanted = layer.gemm1_input is Gemm1Input.TOKEN_ROWS or (
+            layer.gemm1_input is Gemm1Input.AUTO and module.token_rows_pays(prepared["problems"][0], rows_per_expert))
+        if wanted and not on_input and hidden.shape[0] > 0:
+            token_rows_cfg = _token_rows_config(module, prepared["problems"][0], cfg1, rows_per_expert)
+    if token_rows_cfg is not None:
+        # GEMM1 reads the token rows itself (ASource.TOKEN_ROWS): no gather launch; one small launch writes GEMM2's
+        # row scale (the gather's other output)
+        router.scatter_row_weights(topk_weights, disp, row_scale, backend=_triton_router_backend())
+        a2 = gemm1(hidden.contiguous(), prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation,
+                   b13=prepared["b13"], config=token_rows_cfg, a_rows=disp.sorted_slots, rows_per_token=top_k)
+    else:
+        pad_token_row = prefix == "sm90" and rows_per_expert > module.SWAPPED_MAX_ROWS_PER_EXPERT
+        a1 = router.gather(
+            hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend(),
+            slot_weights=None if on_input else topk_weights, row_weights_out=row_scale,
+            padding=router.GatherPadding.TOKEN_ROW if pad_token_row else router.GatherPadding.LEAVE,
+        )
+        a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=prepared["b13"],
+                   config=cfg1, **hint)
     y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=prepared["b2"], config=cfg2,
               **hint)
     return _router_api().combine(
         y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()
     )
+
+
+def _token_rows_config(module, problem, tuned, rows_per_expert):
+    """sm90 GEMM1 reading the token rows (ASource.TOKEN_ROWS), or None: the default configuration with its A read
+    from the token rows when it is the regular kernel and can (SINGLE units, COOPERATIVE consumers, tile_k a
+    multiple of 64 dividing H). A tuned configuration (`moe2cta tune` times candidates on the gathered copy, and
+    its bundles hold those kernels only) keeps the gathered copy: None."""
+    if tuned is not None:
+        return None
+    cfg = module.default_config(problem, rows_per_expert=rows_per_expert)
+    if cfg.operands is not module.Operands.TOKENS_AS_M:
+        return None
+    cfg = dataclasses.replace(cfg, a_source=module.ASource.TOKEN_ROWS)
+    return cfg if module.can_implement(cfg, problem)[0] else None
 
 
 _FORWARD = {Backend.TORCH: _forward_torch, Backend.TRITON: _forward_triton, Backend.CUTE: _forward_cute}
@@ -555,6 +581,9 @@ class MoELayer:
     token_gemv_max_tokens: which TRITON batches run the token GEMVs (no dispatch, no combine launch). None:
     where grouped_gemm.triton_token_gemv.token_gemv_applies (1-8 tokens, fewer for larger experts, none for
     experts over 128 MB; measured on an H200); an int n: every batch of 1..n tokens; 0: never.
+    gemm1_input (Gemm1Input, CUTE batches): TOKEN_ROWS lets the sm_90 GEMM1 read the token rows itself where its
+    regular kernel runs (no gather launch), GATHERED_COPY always gathers the rows into expert order first, AUTO
+    takes TOKEN_ROWS where it was measured faster.
     `plan` says which backend runs a batch (`backend_for(num_tokens)`); `backend` is the one of decode-sized
     batches and `prefill_backend` that of larger ones (the same unless AUTO split them); `backend_reason` says
     why (the AUTO fallbacks, each with its reason).
@@ -578,6 +607,7 @@ class MoELayer:
         tuning_cache: "tuning.TuningCache | str | os.PathLike | None" = None,
         token_gemv_max_tokens: int | None = None,
         w13_layout: W13Layout | str = W13Layout.GATE_THEN_UP,
+        gemm1_input: Gemm1Input | str = Gemm1Input.AUTO,
     ):
         if routing is not None and not isinstance(routing, RoutingConfig):
             raise TypeError(f"routing: expected a RoutingConfig or None, got {type(routing).__name__}")
@@ -607,6 +637,7 @@ class MoELayer:
             num_experts, intermediate, hidden, num_global
         )
         self.id_check = IdCheck.parse(id_check)
+        self.gemm1_input = Gemm1Input.parse(gemm1_input)
         self.plan, self.backend_reason = _select_backend(
             Backend.parse(backend),
             dtype=w13.dtype,

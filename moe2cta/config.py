@@ -79,6 +79,25 @@ class IdCheck(enum.Enum):
         return _parse_enum(cls, value, "id_check")
 
 
+class Gemm1Input(enum.Enum):
+    """Where the CUTE backend's GEMM1 reads its rows from.
+
+    GATHERED_COPY: a gather launch first writes the rows in padded expert order and GEMM1 reads that copy (every
+    kernel family takes it). TOKEN_ROWS: on sm_90, where GEMM1 runs the regular (128-row tile) kernel and the
+    router weight is on the output, GEMM1 reads the token rows itself (cp.async, following the dispatch's
+    sorted_slots: no gather launch); elsewhere GATHERED_COPY. AUTO: TOKEN_ROWS where it was measured faster
+    (grouped_gemm.sm90_grouped_gemm.token_rows_pays: GEMM1s of intermediate size <= 1024), else GATHERED_COPY. The choice changes no result bit: the same rows are multiplied either way.
+    """
+
+    AUTO = "auto"
+    GATHERED_COPY = "gathered_copy"
+    TOKEN_ROWS = "token_rows"
+
+    @classmethod
+    def parse(cls, value: "Gemm1Input | str") -> "Gemm1Input":
+        return _parse_enum(cls, value, "gemm1_input")
+
+
 def parse_w13_layout(value: "W13Layout | str") -> W13Layout:
     """The row order of a w13 handed to the layer: GATE_THEN_UP (public) or CHUNKED (pack_gate_up_rows)."""
     return _parse_enum(W13Layout, value, "w13_layout")

@@ -1,5 +1,15 @@
 """moe2cta.router: routing (scoring + top-k), dispatch metadata, gather and combine."""
-from .api import DispatchScheme, GatherPadding, RouterBackend, combine, dispatch, gather, route, route_dispatch
+from .api import (
+    DispatchScheme,
+    GatherPadding,
+    RouterBackend,
+    combine,
+    dispatch,
+    gather,
+    route,
+    route_dispatch,
+    scatter_row_weights,
+)
 from .config import RoutingConfig, Scoring
 from .reference import (
     DEFAULT_TILE_HEIGHTS,
@@ -21,6 +31,7 @@ __all__ = [
     "dispatch",
     "route_dispatch",
     "gather",
+    "scatter_row_weights",
     "combine",
     "Dispatch",
     "DEFAULT_TILE_HEIGHTS",

@@ -27,7 +27,8 @@ from .reference import (
     route_reference,
 )
 
-__all__ = ["RouterBackend", "DispatchScheme", "GatherPadding", "route", "dispatch", "route_dispatch", "gather", "combine"]
+__all__ = ["RouterBackend", "DispatchScheme", "GatherPadding", "route", "dispatch", "route_dispatch", "gather",
+           "scatter_row_weights", "combine"]
 
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -440,6 +441,35 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
         ROW_WEIGHTS=slot_weights is not None, PAD_TOKEN_ROW=pad_token_row, BLOCK_P=GATHER_PAD_BLOCK,
         num_warps=num_warps, **_dependent_launch(hidden.device, num_slots),
     )
+    return out
+
+
+def scatter_row_weights(slot_weights: torch.Tensor, disp: Dispatch, out: torch.Tensor,
+                        backend: RouterBackend | str = RouterBackend.AUTO) -> torch.Tensor:
+    """out[slot_rows[s]] = slot_weights.flat[s] for every slot on this rank: the router weight of each row in expert
+    order (GEMM2's row scale) where no gather launch writes it (a GEMM1 that reads the token rows itself). Padding
+    rows of `out` are left as they are. slot_weights [T, k] fp32, out a contiguous fp32 [max_rows]."""
+    _check_dispatch(disp)
+    _check_tensor("slot_weights", slot_weights, 2, (torch.float32,))
+    if slot_weights.numel() != disp.slot_rows.numel():
+        raise ValueError(f"slot_weights: expected T*k = {disp.slot_rows.numel()} weights, got {tuple(slot_weights.shape)}")
+    _check_tensor("out", out, 1, (torch.float32,))
+    max_rows = disp.sorted_slots.numel()
+    if out.shape[0] != max_rows or not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous [{max_rows}] tensor, got {tuple(out.shape)}")
+    if _resolve(backend, slot_weights) is RouterBackend.TORCH:
+        rows = disp.slot_rows.long()
+        valid = rows >= 0
+        out[rows[valid]] = slot_weights.reshape(-1)[valid]
+        return out
+    from .permute_triton import ROW_WEIGHTS_BLOCK, jit_functions
+
+    num_slots = disp.slot_rows.numel()
+    if num_slots:
+        jit_functions().row_weights_kernel[(_cdiv(num_slots, ROW_WEIGHTS_BLOCK),)](
+            slot_weights.contiguous(), disp.slot_rows, out, num_slots, BLOCK=ROW_WEIGHTS_BLOCK,
+            **_dependent_launch(slot_weights.device, num_slots),
+        )
     return out
 
 

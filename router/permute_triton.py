@@ -13,6 +13,8 @@ gather_kernel: grid (cdiv(T*k, BLOCK_S), cdiv(H, BLOCK_H)). A program takes a bl
 combine_kernel: grid (cdiv(T, BLOCK_T), cdiv(H, BLOCK_H)). A program owns a block of tokens and columns
   and loops j = 0 .. k-1 in order: acc += w[t, j] * y[slot_rows[t*k+j]] in fp32, slots with row -1 add
   nothing (even with a NaN weight). One writer per output element and a fixed order: bit-stable runs.
+row_weights_kernel: grid (cdiv(T*k, BLOCK),): row_weights[slot_rows[s]] = slot_weights[s] (gather_kernel's
+  ROW_WEIGHTS part alone, for a GEMM1 that reads the token rows itself).
 No shared memory, no atomics. Limits: hidden / y / out contiguous rows (stride in H of 1).
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import triton.language as tl
 
 from . import routing_triton
 
-__all__ = ["jit_functions", "permute_launch_params"]
+__all__ = ["jit_functions", "permute_launch_params", "ROW_WEIGHTS_BLOCK"]
 
 
 def gather_kernel(
@@ -116,7 +118,23 @@ def combine_kernel(
              acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-_JIT_NAMES = ("gather_kernel", "_gather_slot_block", "_pad_token_rows", "combine_kernel")
+def row_weights_kernel(slot_weights_ptr, slot_rows_ptr, row_weights_ptr, num_slots, BLOCK: tl.constexpr,
+                       DEPENDENT_LAUNCH: tl.constexpr = 0):
+    if DEPENDENT_LAUNCH >= 1:
+        tl.extra.cuda.gdc_wait()
+    if DEPENDENT_LAUNCH == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+    slots = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = slots < num_slots
+    rows = tl.load(slot_rows_ptr + slots, mask=ok, other=-1)
+    valid = rows >= 0
+    w = tl.load(slot_weights_ptr + slots, mask=valid, other=0.0)
+    tl.store(row_weights_ptr + rows.to(tl.int64), w, mask=valid)
+
+
+ROW_WEIGHTS_BLOCK = 1024
+
+_JIT_NAMES = ("gather_kernel", "_gather_slot_block", "_pad_token_rows", "combine_kernel", "row_weights_kernel")
 
 
 @functools.lru_cache(maxsize=2)

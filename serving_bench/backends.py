@@ -12,7 +12,8 @@ Peers (implemented here):
 - flashinfer: flashinfer.fused_moe.cutlass_fused_moe (TensorRT-LLM CUTLASS MoE) with moe2cta routing,
   when the package imports; its fc1 takes [up; gate], so w13 is re-ordered once at build.
 Ours (moe2cta.MoELayer): moe2cta-torch (Backend.TORCH), triton (Backend.TRITON), cute (Backend.CUTE:
-sm_90 / sm_100), auto (Backend.AUTO).
+sm_90 / sm_100), auto (Backend.AUTO); cute-gathered / cute-token-rows (Backend.CUTE with Gemm1Input.GATHERED_COPY /
+TOKEN_ROWS: GEMM1 on a gathered copy / on the token rows wherever it can, the two sides of the AUTO choice).
 """
 from __future__ import annotations
 
@@ -302,7 +303,7 @@ def _moe2cta_supports(backend_name: str) -> Callable[[ModelPreset, ExpertWeights
     return supports
 
 
-def _moe2cta_build(backend_name: str):
+def _moe2cta_build(backend_name: str, **layer_options):
     def build(preset: ModelPreset, weights: ExpertWeights):
         import moe2cta
 
@@ -315,20 +316,22 @@ def _moe2cta_build(backend_name: str):
             b2=weights.b2,
             backend=getattr(moe2cta.Backend, backend_name),
             e_score_correction_bias=weights.e_score_correction_bias,
+            **layer_options,
         )
 
     return build
 
 
 def _ours(name: str, backend_name: str, description: str, needs_cuda: bool,
-          capture: GraphCapture = GraphCapture.TRY, family: BackendFamily = BackendFamily.OURS) -> BackendSpec:
+          capture: GraphCapture = GraphCapture.TRY, family: BackendFamily = BackendFamily.OURS,
+          **layer_options) -> BackendSpec:
     return BackendSpec(
         name,
         family,
         description,
         capture,
         _moe2cta_available(backend_name, needs_cuda),
-        _moe2cta_build(backend_name),
+        _moe2cta_build(backend_name, **layer_options),
         _moe2cta_supports(backend_name),
     )
 
@@ -358,6 +361,11 @@ BACKENDS: dict[str, BackendSpec] = {
         _ours("triton", "TRITON", "moe2cta.MoELayer, Backend.TRITON", needs_cuda=True),
         _ours("cute", "CUTE", "moe2cta.MoELayer, Backend.CUTE (sm_90 / sm_100 2-CTA grouped GEMMs)", needs_cuda=True),
         _ours("auto", "AUTO", "moe2cta.MoELayer, Backend.AUTO", needs_cuda=False),
+        # the CUTE layer as it ran before GEMM1 read token rows itself (a gather launch first): A/B control
+        _ours("cute-gathered", "CUTE", "moe2cta.MoELayer, Backend.CUTE, Gemm1Input.GATHERED_COPY", needs_cuda=True,
+              gemm1_input="gathered_copy"),
+        _ours("cute-token-rows", "CUTE", "moe2cta.MoELayer, Backend.CUTE, Gemm1Input.TOKEN_ROWS", needs_cuda=True,
+              gemm1_input="token_rows"),
         BackendSpec(
             "flashinfer",
             BackendFamily.PEER,

@@ -52,6 +52,7 @@ CHECK_E, CHECK_H, CHECK_I = 8, 256, 192
 def check_variants():
     """(name, config, problem) for the correctness tier, simplest first."""
     bf = torch.bfloat16
+    TOKEN_ROWS = s90.ASource.TOKEN_ROWS
     SKIP = s90.PaddingRows.SKIP
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
     single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
@@ -132,6 +133,15 @@ def check_variants():
         ("g2_rowscale_bias_wide128_n256_along_m", wide(128, 256, raster=s90.Raster.ALONG_M), p2_bias),
         ("g2_rowscale_wide128_n256_step16_dynamic_many", wide(128, 256, token_step=16, scheduler=s90.Scheduler.DYNAMIC),
          p2),
+        # GEMM1 reading the token rows itself (ASource.TOKEN_ROWS: cp.async by the producer warpgroup, the rows
+        # of a random permutation of the slots, padding row r reading token r % T)
+        ("g1_swiglu_token_rows", dataclasses.replace(single, a_source=TOKEN_ROWS), p1),
+        ("g1_oai_bias_token_rows_dynamic_many", dataclasses.replace(dyn, a_source=TOKEN_ROWS), p1_oai),
+        ("g1_swiglu_token_rows_n256_grouped3_dynamic_many", Cfg(scheduler=s90.Scheduler.DYNAMIC,
+                                                                 raster=s90.Raster.GROUPED_M, raster_group_m=3,
+                                                                 a_source=TOKEN_ROWS), p1_n512),
+        ("g1_gelu_token_rows_k128_skip", Cfg(tile_n=128, tile_k=128, padding_rows=SKIP, a_source=TOKEN_ROWS), p1_gelu),
+        ("g1_swiglu_token_rows_m64_decode", Cfg(tile_m=64, tile_n=128, a_source=TOKEN_ROWS), p1),
     ]
 
 
@@ -289,10 +299,12 @@ class Watchdog:
                 os._exit(3)
 
 
-def call(cfg, problem, a, w, ro, cn, bias, row_scale, out, kdir):
+def call(cfg, problem, a, w, ro, cn, bias, row_scale, out, kdir, token_rows=None):
+    """token_rows (ASource.TOKEN_ROWS): (hidden [T, K], a_rows [M], top_k); `a` is then unused."""
     if problem.kind is G1:
-        return s90.sm90_grouped_gemm1(a, w, ro, cn, problem.activation, b13=bias, out=out, config=cfg,
-                                      kernel_directory=kdir)
+        extra = {} if token_rows is None else {"a_rows": token_rows[1], "rows_per_token": token_rows[2]}
+        return s90.sm90_grouped_gemm1(a if token_rows is None else token_rows[0], w, ro, cn, problem.activation,
+                                      b13=bias, out=out, config=cfg, kernel_directory=kdir, **extra)
     return s90.sm90_grouped_gemm2(a, w, ro, cn, row_scale=row_scale, b2=bias, out=out, config=cfg,
                                   kernel_directory=kdir)
 
@@ -308,6 +320,16 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     ro = padded_layout(counts, max_rows)
     k, n = problem.k, problem.n
     a = (torch.randn(max_rows, k, generator=gen) * 0.5).to(torch.bfloat16)
+    token_rows = None
+    if cfg.a_source is not s90.ASource.EXPERT_ORDER_COPY:
+        # the valid rows read the slots of a random permutation (slot // top_k = token), padding row r token r % T;
+        # `a` becomes the gathered copy the kernel must behave like
+        slots = int(counts.sum())
+        hidden = (torch.randn(max(1, -(-slots // top_k)), k, generator=gen) * 0.5).to(torch.bfloat16)
+        a_rows = torch.full((max_rows,), -1, dtype=torch.int32)
+        a_rows[valid_row_mask(ro, counts, max_rows)] = torch.randperm(slots, generator=gen).to(torch.int32)
+        a = hidden[torch.where(a_rows >= 0, a_rows // top_k, torch.arange(max_rows) % hidden.shape[0]).long()]
+        token_rows = (hidden.cuda(), a_rows.cuda(), top_k)
     w = (torch.randn(experts, n, k, generator=gen) / k**0.5).to(torch.bfloat16)
     bias = (torch.randn(experts, n, generator=gen) * 0.5) if problem.has_bias else None
     row_scale = torch.rand(max_rows, generator=gen) if problem.has_row_scale else None
@@ -327,7 +349,7 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     out = torch.full((max_rows, problem.out_n), float("nan"), dtype=torch.bfloat16, device=dev)
     dog.arm(f"{name} / {routing}")
     call(cfg, problem, a.cuda(), w_dev, ro.cuda(), counts.cuda(), None if bias is None else bias.cuda(),
-         None if row_scale is None else row_scale.cuda(), out, kdir)
+         None if row_scale is None else row_scale.cuda(), out, kdir, token_rows)
     torch.cuda.synchronize()
     out = out.cpu()
     mask = valid_row_mask(ro, counts, max_rows)
@@ -341,7 +363,7 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     # a second launch must give the same bits (a moving result is a race)
     out2 = torch.full_like(out, float("nan")).cuda()
     call(cfg, problem, a.cuda(), w_dev, ro.cuda(), counts.cuda(), None if bias is None else bias.cuda(),
-         None if row_scale is None else row_scale.cuda(), out2, kdir)
+         None if row_scale is None else row_scale.cuda(), out2, kdir, token_rows)
     torch.cuda.synchronize()
     stable = bool(torch.equal(out2.cpu()[mask], out[mask]))
     return {"variant": name, "routing": routing, "rows": int(counts.sum()), "err": err, "err_torch_bf16": err_same,

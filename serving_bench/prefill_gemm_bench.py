@@ -61,8 +61,12 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
     wide = s90.wide_config(problem)
     wide256n = s90.wide_config(problem, tile_m=128, max_tile_n=256)
     wide256n = wide256n if wide256n is not None and wide256n.tile_n == 256 else None
+    token_rows = s90.token_rows_config(problem, rows_per_expert) if problem.kind is s90.GemmStage.GEMM1 else None
     return {
         "default": default,
+        # GEMM1 reading the token rows itself (ASource.TOKEN_ROWS, what the layer runs at prefill), GEMM2 as the
+        # regular default
+        "token_rows": token_rows if problem.kind is s90.GemmStage.GEMM1 else regular_cfg,
         # the regular (TOKENS_AS_M) kernel the layer would run for this many rows without the wide one
         "regular": regular_cfg,
         # the wide WEIGHTS_AS_M kernel (None where N fits no wide tile) and alternatives of it
@@ -179,6 +183,19 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
                                        dtype=torch.int16).view(torch.bfloat16)
         inputs[padding] = (p1s, p2s)
     a1, a2 = inputs[paddings[0]]
+    token_rows = None
+    if "token_rows" in variants:
+        # GEMM1 on the token rows: T tokens, the valid rows read a random permutation of the T*k slots (padding
+        # row r token r % T, as the kernel reads them); every candidate's A copies become the gathered rows (the
+        # same values)
+        a_rows = torch.full((max_rows,), -1, dtype=torch.int32)
+        a_rows[valid_row_mask(ro, counts, max_rows)] = torch.randperm(rows, generator=gen).to(torch.int32)
+        hidden = [torch.randn(tokens, h, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
+        a_rows = a_rows.to(dev)
+        source = torch.where(a_rows >= 0, a_rows // k, torch.arange(max_rows, device=dev) % tokens).long()
+        for x, hc in zip(a1, hidden):
+            x.copy_(hc[source])
+        token_rows = (hidden, a_rows)
     rs = torch.rand(max_rows, device=dev)
     o1 = torch.empty(max_rows, i, device=dev, dtype=torch.bfloat16)
     o2 = torch.empty(max_rows, h, device=dev, dtype=torch.bfloat16)
@@ -214,6 +231,17 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
             if missing:
                 print(f"{preset.name:16s} T={tokens:6d} {name}: not in bundle {kdir}, skipped", flush=True)
                 continue
+            if v == "token_rows":
+                if token_rows is None or len(paddings) > 1:
+                    print(f"{preset.name:16s} T={tokens:6d} {name}: one padding only, skipped", flush=True)
+                    continue
+                hidden, a_rows = token_rows
+                candidates += [
+                    (name, "gemm1", lambda c, kdir=kdir, cfg=cfgs1[v]: s90.sm90_grouped_gemm1(
+                        hidden[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13, out=o1, config=cfg,
+                        kernel_directory=kdir, a_rows=a_rows, rows_per_token=k)),
+                ]
+                continue
             for padding, (x1, x2) in inputs.items():
                 tag = "" if padding == paddings[0] else f"@{padding}"
                 candidates += [
@@ -243,6 +271,26 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
     candidates.append(("triton-chunked", "gemm1", lambda c: tg.triton_grouped_gemm1(
         a1[c], w13_packed, ro_d, cn_d, tile_offsets, preset.activation, b13=b13, out=o1, config=tcfg1,
         w13_layout=W13Layout.CHUNKED)))
+    if token_rows is not None:
+        # what the gathered-copy GEMM1 needs first: the layer's gather launch (hidden -> expert order, with GEMM2's
+        # row weights and hidden[0] into the padding rows) on the same permutation
+        from moe2cta.router import api as router
+        from moe2cta.router.reference import Dispatch
+
+        hidden, a_rows = token_rows
+        slot_rows = torch.full((tokens * k,), -1, dtype=torch.int32, device=dev)
+        valid = a_rows >= 0
+        slot_rows[a_rows[valid].long()] = torch.nonzero(valid).flatten().to(torch.int32)
+        disp = Dispatch(cn_d, None, ro_d, None, a_rows, slot_rows, ALIGN, ())
+        slot_weights = torch.rand(tokens, k, device=dev)
+        row_weights = torch.empty(max_rows, device=dev)
+        gathered = torch.empty(max_rows, h, device=dev, dtype=torch.bfloat16)
+        candidates += [
+            ("gather", "gemm1", lambda c: router.gather(hidden[c], disp, k, out=gathered, slot_weights=slot_weights,
+                                                        row_weights_out=row_weights,
+                                                        padding=router.GatherPadding.TOKEN_ROW)),
+            ("row-weights", "gemm1", lambda c: router.scatter_row_weights(slot_weights, disp, row_weights)),
+        ]
     dense_w1, dense_w2 = w13[0].t(), w2[0].t()  # [H, 2I], [I, H]
     d1 = torch.empty(rows, 2 * i, device=dev, dtype=torch.bfloat16)
     d2 = torch.empty(rows, h, device=dev, dtype=torch.bfloat16)
@@ -260,7 +308,7 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
             fn(0)
             torch.cuda.synchronize()
             continue
-        if not label.startswith("dense"):
+        if not label.startswith(("dense", "gather", "row-weights")):
             out = o1 if gemm == "gemm1" else o2
             out.fill_(float("nan"))
             fn(0)

@@ -208,6 +208,10 @@ def test_route_api(monkeypatch):
 def test_enums_and_config_parse_strings():
     assert Backend.parse("TRITON") is Backend.TRITON and Backend.parse(Backend.CUTE) is Backend.CUTE
     assert IdCheck.parse("skip") is IdCheck.SKIP
+    assert moe2cta.Gemm1Input.parse("gathered_copy") is moe2cta.Gemm1Input.GATHERED_COPY
+    layer = make(4, 16, 8, 4)
+    with pytest.raises(ValueError, match="^gemm1_input"):
+        MoELayer(layer["w13"], layer["w2"], routing=RoutingConfig(top_k=2), backend="torch", gemm1_input="rows")
     config = MoEConfig(RoutingConfig(top_k=2), activation="swiglu_oai", router_weight_on="input", align=64)
     assert config.activation is Activation.SWIGLU_OAI and config.router_weight_on is RouterWeightOn.INPUT
     assert config.top_k == 2 and config.tile_heights == (16, 64, 128, 256)
@@ -496,6 +500,38 @@ def test_gpu_backend_matches_reference(backend, num_tokens, bias):
     refs = [moe_reference(*args, weights, ids, activation, layer.get("b13"), layer.get("b2"), dtype=dtype)
             for dtype in (torch.float64, torch.bfloat16)]
     assert rel_err(out, refs[0]) <= 2 * rel_err(refs[1], refs[0]) + 1e-3, moe.backend_reason
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("num_tokens", [300, 1024, 4096])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_gpu_cute_gemm1_on_token_rows_matches_the_gathered_copy(num_tokens, bias):
+    """sm_90, Gemm1Input.TOKEN_ROWS: where GEMM1 runs the regular kernel (1024 / 4096 tokens: 256 / 1024 rows per
+    expert) it reads the token rows itself, with no gather launch; the output is bit-identical to GATHERED_COPY's
+    and AUTO's (the same rows are multiplied) and matches fp64. At 300 tokens (75 rows per expert: the wide kernel)
+    every choice gathers."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("ASource.TOKEN_ROWS is the sm_90 kernel's")
+    layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=23, bias=bias)
+    routing = RoutingConfig(top_k=4)
+    activation = Activation.SWIGLU_OAI if bias else Activation.SWIGLU
+    args = (layer["hidden"], layer["w13"], layer["w2"])
+    ok, reason = is_supported("cute", *args, routing=routing)
+    if not ok:
+        pytest.skip(reason)
+    layers = [MoELayer(layer["w13"], layer["w2"], routing=routing, backend="cute", activation=activation,
+                       b13=layer.get("b13"), b2=layer.get("b2"), gemm1_input=source)
+              for source in ("token_rows", "gathered_copy", "auto")]
+    prepared = layers[0].prepared
+    engaged = moe2cta.api._token_rows_config(prepared["module"], prepared["problems"][0], None, num_tokens * 4 / 16)
+    assert (engaged is not None) == (num_tokens >= 1024)
+    out, out_copy, out_auto = (moe(layer["hidden"], layer["logits"]) for moe in layers)
+    assert torch.equal(out, out_copy) and torch.equal(out, out_auto)
+    weights, ids = route(layer["logits"], routing, backend="torch")
+    refs = [moe_reference(*args, weights, ids, activation, layer.get("b13"), layer.get("b2"), dtype=dtype)
+            for dtype in (torch.float64, torch.bfloat16)]
+    assert rel_err(out, refs[0]) <= 2 * rel_err(refs[1], refs[0]) + 1e-3
 
 
 @pytest.mark.gpu

@@ -227,6 +227,32 @@ def test_gather_writes_row_weights(backend):
         gather(hidden, disp, top_k, backend=backend, slot_weights=weights.half(), row_weights_out=row_w)
 
 
+@pytest.mark.parametrize("backend", [TRITON, RouterBackend.TORCH])
+def test_scatter_row_weights_is_the_gathers_row_weights(backend):
+    """scatter_row_weights writes exactly what gather's row_weights_out gets (each valid row's router weight), with
+    no gather: padding rows and off-rank slots (row -1) are left alone. Bad arguments name themselves."""
+    from moe2cta.router import scatter_row_weights
+
+    num_tokens, top_k = 300, 4  # more slots than one program's block
+    ids = _random_ids(num_tokens, top_k, 16, torch.Generator().manual_seed(4))
+    expert_map = torch.where(torch.arange(16) < 12, torch.arange(16), -1).to(torch.int32)
+    ids, expert_map = ids.to(DEVICE), expert_map.to(DEVICE)
+    disp = dispatch_reference(ids, 12, align=8, expert_map=expert_map)
+    weights = torch.rand(num_tokens, top_k, device=DEVICE)
+    want = torch.full((disp.sorted_slots.numel(),), -7.0, device=DEVICE)
+    gather(torch.randn(num_tokens, 16, device=DEVICE), disp, top_k, backend=RouterBackend.TORCH, slot_weights=weights,
+           row_weights_out=want)
+    got = torch.full_like(want, -7.0)
+    assert scatter_row_weights(weights, disp, got, backend=backend) is got
+    assert torch.equal(got.cpu(), want.cpu())
+    with pytest.raises(ValueError, match="out"):
+        scatter_row_weights(weights, disp, got[:-1], backend=backend)
+    with pytest.raises(TypeError, match="slot_weights"):
+        scatter_row_weights(weights.half(), disp, got, backend=backend)
+    with pytest.raises(ValueError, match="slot_weights"):
+        scatter_row_weights(weights[:-1], disp, got, backend=backend)
+
+
 @pytest.mark.parametrize("dtype,out_dtype,with_weights", [(torch.float16, None, True), (torch.float32, None, False),
                                                           (torch.bfloat16, torch.float32, True)])
 def test_combine_matches_reference(dtype, out_dtype, with_weights):

@@ -455,9 +455,13 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                         assert name.startswith("wide128_n256") and problem.n % 256, (preset.name, name)
                         continue
                     assert s90.can_implement(cfg, problem) == (True, ""), (preset.name, name)
-                # distinct kernels apart from the two aliases (the layer's choice, and its regular-kernel choice)
+                # distinct kernels apart from the aliases (the layer's choice, its regular-kernel choice, and GEMM2 of
+                # the token-rows variant, which is the regular one)
+                assert variants["token_rows"] == (
+                    s90.token_rows_config(problem, rows) if problem.kind is s90.GemmStage.GEMM1 else variants["regular"])
+                aliases = ("default", "regular") + (("token_rows",) if problem.kind is s90.GemmStage.GEMM2 else ())
                 stems = [s90.kernel_key(c, problem).file_stem() for n, c in variants.items()
-                         if n not in ("default", "regular") and c is not None]
+                         if n not in aliases and c is not None]
                 assert len(set(stems)) == len(stems), (preset.name, problem.kind)
                 # the regular choice is one of the alternatives (64 rows: DYNAMIC ALONG_N, 1024: GROUPED_M 8), and
                 # the layer's choice is it or the wide kernel (few experts at 64 rows: mixtral)

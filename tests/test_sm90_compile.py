@@ -376,15 +376,20 @@ def test_compile_small_and_check_ptx(name, config, problem):
 @NEEDS_DSL
 @pytest.mark.parametrize("model", sorted(PRESETS))
 def test_compile_preset_kernels(model):
-    """Each preset's PAIR GEMM1 (multicast B) and its prefill defaults (GROUPED_M, DYNAMIC) of both GEMMs."""
+    """Each preset's PAIR GEMM1 (multicast B), its prefill defaults (GROUPED_M, DYNAMIC) of both GEMMs, and GEMM1's
+    prefill default reading the token rows (what the layer runs)."""
     configs = s90.preset_configs(PRESETS[model])
     pair = [(c, p) for c, p in configs if c.work_unit is WorkUnit.PAIR and p.kind is G1]
     prefill = [(c, p) for c, p in configs if c.raster is s90.Raster.GROUPED_M]
-    assert len(pair) == 1 and len(prefill) == 2
-    for config, problem in pair + prefill:
+    copy = [(c, p) for c, p in prefill if c.a_source is s90.ASource.EXPERT_ORDER_COPY]
+    token_rows = [(c, p) for c, p in prefill if c.a_source is s90.ASource.TOKEN_ROWS]
+    assert len(pair) == 1 and len(copy) == 2 and [p.kind for _, p in token_rows] == [G1]
+    for config, problem in pair + copy:
         compiled = s90.compile_kernel(config, problem, keep_ptx=True)
         _check_ptx(compiled.__ptx__, multicast=config.work_unit is WorkUnit.PAIR,
                    dynamic=config.scheduler is s90.Scheduler.DYNAMIC)
+    for config, problem in token_rows:
+        _check_token_rows_ptx(s90.compile_kernel(config, problem, keep_ptx=True).__ptx__, config)
 
 
 @NEEDS_DSL
@@ -444,6 +449,84 @@ def test_compile_swapped_and_check_ptx(name, config, problem, tmp_path):
     if _ptxas() is not None:  # the mainloop fences each K tile itself: ptxas inserts no fence (C7519), serializes nothing
         report = _ptxas_report(ptx, tmp_path)
         assert "C7520" not in report and "C7519" not in report, report
+
+
+def test_token_rows_limits_and_key():
+    """ASource.TOKEN_ROWS is GEMM1's, on the regular SINGLE COOPERATIVE kernel with whole 64-column K slices; it is a
+    key part only when set, and the layer's helper picks it only where the regular kernel runs."""
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    tr = s90.token_rows_config(p1, 256.0)
+    assert tr is not None and tr.a_source is s90.ASource.TOKEN_ROWS and s90.can_implement(tr, p1) == (True, "")
+    assert tr == dataclasses.replace(s90.regular_config(p1, rows_per_expert=256.0), a_source=s90.ASource.TOKEN_ROWS)
+    copy = dataclasses.replace(tr, a_source=s90.ASource.EXPERT_ORDER_COPY)
+    assert s90.kernel_key(tr, p1).file_stem() == s90.kernel_key(copy, p1).file_stem() + "_a-sourcetoken-rows"
+    bad = [
+        (dataclasses.replace(tr, work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.STATIC), p1, "SINGLE"),
+        (dataclasses.replace(tr, tile_n=128, consumers=s90.Consumers.PINGPONG), p1, "COOPERATIVE"),
+        (dataclasses.replace(tr, tile_m=16, tile_n=128, raster=s90.Raster.ALONG_N, operands=s90.Operands.WEIGHTS_AS_M,
+                             scheduler=s90.Scheduler.STATIC), p1, "TOKENS_AS_M"),
+        (dataclasses.replace(tr, tile_k=32), p1, "tile_k"),
+        (tr, s90.Sm90Problem(G1, 1536, 2056, 128, torch.bfloat16, Activation.SWIGLU), "dividing k"),
+        (dataclasses.replace(tr, raster=s90.Raster.ALONG_N), s90.Sm90Problem(G2, 2048, 768, 128), "GEMM1"),
+        (dataclasses.replace(tr, a_source="token_rows"), p1, "ASource"),
+    ]
+    for config, problem, needle in bad:
+        ok, why = s90.can_implement(config, problem)
+        assert not ok and why.startswith("a_source") and needle in why, why
+    assert s90.token_rows_config(s90.Sm90Problem(G1, 1536, 2056, 128, torch.bfloat16, Activation.SWIGLU)) is None
+    for preset in PRESETS.values():  # every preset bundle holds the token-row twin of each regular SINGLE GEMM1
+        configs = s90.preset_configs(preset)
+        for cfg, problem in configs:
+            if problem.kind is G1 and cfg.operands is s90.Operands.TOKENS_AS_M and cfg.work_unit is WorkUnit.SINGLE:
+                assert (dataclasses.replace(cfg, a_source=s90.ASource.TOKEN_ROWS), problem) in configs, (preset.name, cfg)
+    # the layer's AUTO choice: narrow GEMM1s (I <= 1024), as measured
+    pays = {name for name, preset in PRESETS.items() if s90.token_rows_pays(
+        s90.Sm90Problem(G1, 2 * preset.intermediate, preset.hidden, preset.num_experts, torch.bfloat16,
+                        preset.activation, preset.has_bias), 256.0)}
+    assert pays == {"qwen3-30b-a3b"}
+    assert not s90.token_rows_pays(s90.Sm90Problem(G2, 2048, 768, 128), 64)
+    with pytest.raises(TypeError, match="a_rows"):
+        s90._check_a_rows(torch.zeros(4, dtype=torch.int64), 2)
+    with pytest.raises(ValueError, match="rows_per_token"):
+        s90._check_a_rows(torch.zeros(4, dtype=torch.int32), 0)
+
+
+TOKEN_ROWS = [  # (name, config, problem): GEMM1 reading the token rows itself
+    ("token_rows_swiglu_static", s90.Sm90GemmConfig(tile_n=128, a_source=s90.ASource.TOKEN_ROWS),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
+    ("token_rows_oai_bias_grouped_dynamic_k128",
+     s90.Sm90GemmConfig(tile_n=256, tile_k=128, scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M,
+                        a_source=s90.ASource.TOKEN_ROWS),
+     s90.Sm90Problem(G1, 512, 256, 4, torch.bfloat16, Activation.SWIGLU_OAI, True)),
+    ("token_rows_m64_gelu", s90.Sm90GemmConfig(tile_m=64, tile_n=128, a_source=s90.ASource.TOKEN_ROWS),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.GELU_GATED)),
+]
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("name,config,problem", TOKEN_ROWS, ids=[s[0] for s in TOKEN_ROWS])
+def test_compile_token_rows_and_check_ptx(name, config, problem, tmp_path):
+    """A by 16-byte cp.async (L2 only) with one .noinc arrival per producer thread on the stage's full barrier, no
+    TMA load of A; B still by TMA (3-d: the expert mode), the epilogue still a TMA store; ptxas keeps the wgmma
+    pipelined and spills nothing."""
+    ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
+    _check_token_rows_ptx(ptx, config)
+    if _ptxas() is not None:
+        report = _ptxas_report(ptx, tmp_path)
+        assert "C7520" not in report and "C7519" not in report, report
+        assert "0 bytes spill stores" in report, report
+
+
+def _check_token_rows_ptx(ptx: str, config):
+    assert ".target sm_90a" in ptx and "wgmma.mma_async" in ptx
+    copies = re.findall(r"cp\.async\.cg\.shared\.global(?:\.L2::\w+)? \[[^]]+\], \[[^]]+\], 16, 16;", ptx)
+    assert len(copies) == (config.tile_m // 16) * (config.tile_k // 64)  # per thread and stage, unrolled
+    assert "cp.async.mbarrier.arrive.noinc.shared" in ptx
+    assert "cp.async.bulk.tensor.2d.shared::cta.global" not in ptx  # no TMA load of A
+    assert "cp.async.bulk.tensor.3d.shared::cta.global" in ptx  # the weight tile
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx  # the epilogue's TMA store
+    # (a word boundary: "cp.async.cg.shared.global" holds "red.global")
+    assert bool(re.search(r"\b(atom|red)\.global", ptx)) == (config.scheduler is s90.Scheduler.DYNAMIC)
 
 
 WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
