@@ -602,59 +602,24 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
 
         dump_dir = tempfile.mkdtemp(prefix="moe2cta-ptx-")
         options += f" --keep-ptx --dump-dir {dump_dir}"
+    tail = (row_offsets, counts, bias, row_scale, workspace, cutlass.Int32(0))  # pair_threshold: a runtime value
     try:
         if config.a_source is not ASource.EXPERT_ORDER_COPY:
-            # A is the token matrix [T, K] (T symbolic too) with a_rows [M] and rows_per_token after pair_threshold
+            # A is the token matrix [T, K] (T symbolic too) with a_rows [M], and rows_per_token after pair_threshold
             tokens = make_fake_compact_tensor(dt, (cute.sym_int(), k), stride_order=(1, 0), assumed_align=16)
             a_rows = make_fake_compact_tensor(cutlass.Int32, (m,))
-            return _compile_token_rows(cute, kernel, options, tokens, a_rows, b, c, row_offsets, counts, bias,
-                                       row_scale, workspace)
-        return _compile(cute, kernel, options, a, b, c, row_offsets, counts, bias, row_scale, workspace)
+            return _compile(cute, kernel.call_token_rows, options, (tokens, a_rows, b, c) + tail + (cutlass.Int32(1),))
+        return _compile(cute, kernel, options, (a, b, c) + tail)
     finally:
         if dump_dir is not None:
             shutil.rmtree(dump_dir, ignore_errors=True)
 
 
-def _compile(cute, kernel, options, a, b, c, row_offsets, counts, bias, row_scale, workspace):
-    import cutlass
+def _compile(cute, entry, options, args):
+    """cute.compile of one kernel entry point on fake arguments, with the tvm-ffi environment stream."""
     from cutlass.cute.runtime import make_fake_stream
 
-    return cute.compile(
-        kernel,
-        a,
-        b,
-        c,
-        row_offsets,
-        counts,
-        bias,
-        row_scale,
-        workspace,
-        cutlass.Int32(0),
-        make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=options,
-    )
-
-
-def _compile_token_rows(cute, kernel, options, tokens, a_rows, b, c, row_offsets, counts, bias, row_scale, workspace):
-    import cutlass
-    from cutlass.cute.runtime import make_fake_stream
-
-    return cute.compile(
-        kernel.call_token_rows,
-        tokens,
-        a_rows,
-        b,
-        c,
-        row_offsets,
-        counts,
-        bias,
-        row_scale,
-        workspace,
-        cutlass.Int32(0),
-        cutlass.Int32(1),
-        make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=options,
-    )
+    return cute.compile(entry, *args, make_fake_stream(use_tvm_ffi_env_stream=True), options=options)
 
 
 # ---------------------------------------------------------------------------------------------- host API
