@@ -501,9 +501,6 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     row_scale = None if on_input else torch.empty(disp.sorted_slots.shape[0], dtype=torch.float32, device=hidden.device)
     rows_per_expert = hidden.shape[0] * top_k / max(1, layer.num_global_experts)
     router = _router_api()
-    # sm90, where the regular / wide kernels run (above the swapped-operand decode kernels' range): the padding
-    # rows get a copy of a token row. The hardware runs these GEMMs 3-7% faster on activation-like padding than
-    # on zeros, which is what a fresh buffer holds (results/padding-modes-h200-2026-12-01/)
     # Tuned kernel configurations for this batch's bucket (host-only lookup; None = the family default).
     cfg1, cfg2, _ = tuning.kernel_configs_for_layer(
         "sm_90a" if prefix == "sm90" else "sm_100a", layer.hidden_size, layer.intermediate, layer.num_experts,
@@ -531,6 +528,9 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         a2 = gemm1(hidden.contiguous(), prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation,
                    b13=prepared["b13"], config=token_rows_cfg, a_rows=disp.sorted_slots, rows_per_token=top_k)
     else:
+        # sm90, where the regular / wide kernels run (above the swapped-operand decode kernels' range): the padding
+        # rows get a copy of a token row. The hardware runs these GEMMs 3-7% faster on activation-like padding than
+        # on zeros, which is what a fresh buffer holds (results/padding-modes-h200-2026-12-01/)
         pad_token_row = prefix == "sm90" and rows_per_expert > module.SWAPPED_MAX_ROWS_PER_EXPERT
         a1 = router.gather(
             hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend(),
