@@ -29,7 +29,11 @@ Warp roles (one CTA, 128 threads per warpgroup):
   shared pipeline must never run two phases ahead).
   A consumer waits for a full stage, issues wgmma, releases the stage once the next wgmma group
   retired, then runs the epilogue: bias / gated activation / row scale in registers, stmatrix to a
-  staged SMEM buffer, one TMA store per epilogue sub-tile by one warp of the warpgroup. COOPERATIVE
+  staged SMEM buffer, one TMA store per epilogue sub-tile by one warp of the warpgroup.
+  epilogue_store UNDER_NEXT_MAINLOOP (COOPERATIVE): the tile is converted to C's dtype and held in registers
+  (GEMM2 128x256: 64 registers beside the 128 of the accumulator), and the next unit's first K tiles each
+  store one of its sub-tiles between their wgmma commit and wait, so the stores run under the MMAs (sub-tiles
+  beyond the unit's K tiles follow its mainloop; the last unit's tile is stored after the loop). COOPERATIVE
   fences (wgmma.fence) before each K tile's MMAs: where ptxas has to insert that fence itself on a
   divergent path, it serializes every wgmma (it did in the PAIR kernels; tests/test_sm90_compile.py runs
   ptxas to check).
@@ -48,7 +52,9 @@ Pipelines:
   consumer threads of both, and rank 1's producer) arrives there.
 - epilogue store (PipelineTmaStore): bulk-group accounting, so an SMEM epilogue buffer is reused only
   after the TMA store that reads it finished.
-While the consumers run the epilogue of unit i, the producer already streams unit i+1's first stages.
+While the consumers run the epilogue of unit i, the producer already streams unit i+1's first stages; with
+UNDER_NEXT_MAINLOOP the tensor cores wait only for the epilogue math (the activation's sigmoid takes an
+approximate reciprocal: an IEEE division per output cost a third of GEMM1's time at qwen3-30b-a3b T=8192).
 
 Work units and clusters: cluster (cluster_m, 1, 1), cluster_m 1 or 2. Global m-blocks (row / tile_m over
 all experts) are taken cluster_m at a time: unit u covers m-blocks cluster_m * mu + rank at n-block nb
@@ -104,6 +110,8 @@ RASTER_N = "along_n"  # consecutive units walk across the n-blocks of one m-bloc
 RASTER_GROUPED_M = "grouped_m"  # groups of raster_group_m m-blocks: m-blocks of a group, then the next n-block
 RASTER_EXPERT_GROUPED_M = "expert_grouped_m"  # GROUPED_M with groups cut at expert boundaries (cluster_m 1)
 CONSUMERS_COOPERATIVE = "cooperative"  # the consumer warpgroups split the rows of every tile
+STORE_AFTER_MAINLOOP = "after_mainloop"  # epilogue_store values (sm90_grouped_gemm.EpilogueStore)
+STORE_UNDER_NEXT_MAINLOOP = "under_next_mainloop"
 CONSUMERS_PINGPONG = "pingpong"  # two consumer warpgroups take alternate units (epilogue under the other's MMA)
 PADDING_MULTIPLY = "multiply"  # a consumer warpgroup whose 64 rows are all padding runs its MMAs anyway
 PADDING_SKIP = "skip"  # ... only waits on and releases the stages (COOPERATIVE 128-row tiles)
@@ -135,9 +143,11 @@ class Sm90GroupedGemmKernel:
         raster_group_m: int = 8,
         padding_rows: str = PADDING_MULTIPLY,
         a_source: str = A_COPY,
+        epilogue_store: str = STORE_AFTER_MAINLOOP,
     ):
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
         self.token_rows = a_source == A_TOKEN_ROWS
+        self.store_under_next = epilogue_store == STORE_UNDER_NEXT_MAINLOOP
         self.pingpong = consumers == CONSUMERS_PINGPONG
         self.skip_padding = padding_rows == PADDING_SKIP
         self.stages = stages
@@ -605,6 +615,16 @@ class Sm90GroupedGemmKernel:
                 sched_read.advance()
             total = self.total_units(s_rows)
             if cutlass.const_expr(not self.pingpong):
+                # EpilogueStore.UNDER_NEXT_MAINLOOP: `held` keeps the previous unit's output tile in C's dtype, and
+                # the first `under` K tiles of the next unit each store one of its epilogue sub-tiles under their
+                # MMAs (the rest after that unit's mainloop; the last unit's after the loop). Both warpgroups store
+                # the same sub-tiles in the same K tiles (the stores synchronize the two), SKIP included.
+                epi_num = (self.tile_m // self.epi_tile[0]) * (self.out_tile_n // self.epi_tile[1])
+                under = min(epi_num, k_tiles) if cutlass.const_expr(self.store_under_next) else 0
+                held = cute.make_rmem_tensor_like(tRS_rOut, self.c_dtype)
+                pending = cutlass.Boolean(False)  # held holds a tile not stored yet (CTA-uniform)
+                held_m_block = cutlass.Int32(0)
+                held_nb = cutlass.Int32(0)
                 while unit < total:
                     m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
                         unit, s_rows, s_counts, pair_threshold, rank
@@ -619,8 +639,27 @@ class Sm90GroupedGemmKernel:
                         # expert end at valid_end (warpgroup-uniform: a dynamic branch)
                         valid_end = s_rows[expert] + s_counts[expert] - m_block * self.tile_m
                         multiplies = wg_row0 < valid_end
+                    held_tile = gC[(None, None, held_m_block, held_nb)]
                     if multiplies:
-                        for k in cutlass.range(k_tiles, unroll=1):
+                        # the K tiles that store a held sub-tile (unrolled: a sub-tile's registers are static)
+                        for ku in cutlass.range_constexpr(under):
+                            mainloop.consumer_wait(read_state)
+                            cute.nvgpu.warpgroup.fence()
+                            for kbu in cutlass.range_constexpr(num_k_blocks):
+                                stage_kb = (None, None, kbu, read_state.index)
+                                cute.gemm(tiled_mma, acc, tCrA[stage_kb], tCrB[stage_kb], acc)
+                            cute.nvgpu.warpgroup.commit_group()
+                            if pending:
+                                epi_count = self.store_held_subtile(
+                                    held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
+                                    epi_count, warp_idx == 4,
+                                )
+                            cute.nvgpu.warpgroup.wait_group(1)
+                            if cutlass.const_expr(ku > 0):
+                                mainloop.consumer_release(release_state)
+                                release_state.advance()
+                            read_state.advance()
+                        for k in cutlass.range(under, k_tiles, unroll=1):
                             mainloop.consumer_wait(read_state)
                             # wgmma.fence before each K tile's MMAs (as CUTLASS does): where ptxas has to insert
                             # it itself on a divergent path it serializes every wgmma (C7520; it did in the PAIR
@@ -642,14 +681,37 @@ class Sm90GroupedGemmKernel:
                     else:
                         # all 64 rows are padding: keep the stage phases in step (wait, then release, so an
                         # arrival never counts toward a later fill of the stage), no MMAs; acc stays 0
-                        for k in cutlass.range(k_tiles, unroll=1):
+                        for ku in cutlass.range_constexpr(under):
+                            mainloop.consumer_wait(read_state)
+                            mainloop.consumer_release(release_state)
+                            release_state.advance()
+                            read_state.advance()
+                            if pending:
+                                epi_count = self.store_held_subtile(
+                                    held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
+                                    epi_count, warp_idx == 4,
+                                )
+                        for k in cutlass.range(under, k_tiles, unroll=1):
                             mainloop.consumer_wait(read_state)
                             mainloop.consumer_release(release_state)
                             release_state.advance()
                             read_state.advance()
 
-                    # ---- epilogue (CTA-uniform branch: every consumer thread takes the same one)
-                    if has_valid:
+                    # ---- epilogue (CTA-uniform branches: every consumer thread takes the same ones)
+                    if cutlass.const_expr(self.store_under_next):
+                        if pending:  # the held sub-tiles that this unit's K tiles did not cover
+                            for j in cutlass.range_constexpr(under, epi_num):
+                                epi_count = self.store_held_subtile(
+                                    held, j, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
+                                    epi_count, warp_idx == 4,
+                                )
+                        pending = has_valid
+                        if has_valid:
+                            self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
+                            held.store(tRS_rOut.load().to(self.c_dtype))
+                            held_m_block = m_block
+                            held_nb = nb
+                    elif has_valid:
                         self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
                         epi_count = self.store_tile(
                             gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD, tRS_rD_out,
@@ -660,6 +722,14 @@ class Sm90GroupedGemmKernel:
                         sched_read.advance()
                     else:
                         unit = unit + num_clusters
+                if cutlass.const_expr(self.store_under_next):
+                    if pending:  # the last unit's tile
+                        held_tile = gC[(None, None, held_m_block, held_nb)]
+                        for j in cutlass.range_constexpr(epi_num):
+                            epi_count = self.store_held_subtile(
+                                held, j, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
+                                epi_count, warp_idx == 4,
+                            )
             else:
                 # PINGPONG: warpgroup wg takes the units with even/odd ordinal; the mainloop pipeline holds
                 # k_tiles stages per unit in unit order, so unit ordinal j starts at stage count j * k_tiles
@@ -802,28 +872,51 @@ class Sm90GroupedGemmKernel:
         """One warpgroup's output tile (registers `tRS_rOut`, fp32) -> C: per epilogue sub-tile, convert,
         stmatrix into SMEM buffer first_buf + (count % epi_stages), one TMA store by the store warp.
         Returns the new sub-tile count (the caller carries it: the buffer rotation spans units)."""
+        size_rD = cute.size(tRS_rD)
+        for epi_idx in cutlass.range_constexpr(self.epi_count_per_tile(gC_tile)):
+            for v in cutlass.range_constexpr(size_rD):
+                tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
+            tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
+            epi_count = self.store_subtile(epi_idx, gC_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
+                                           store_pipe, epi_barrier, first_buf, epi_count, is_store_warp)
+        return epi_count
+
+    @cute.jit
+    def store_held_subtile(self, held, epi_idx: cutlass.Constexpr, gC_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out,
+                           tRS_sD, store_pipe, epi_count, is_store_warp) -> cutlass.Int32:
+        """Sub-tile epi_idx of a tile held in C's dtype (EpilogueStore.UNDER_NEXT_MAINLOOP; COOPERATIVE) -> C."""
+        size_rD = cute.size(tRS_rD_out)
+        for v in cutlass.range_constexpr(size_rD):
+            tRS_rD_out[v] = held[epi_idx * size_rD + v]
+        return self.store_subtile(epi_idx, gC_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
+                                  self.epi_barrier, 0, epi_count, is_store_warp)
+
+    @cute.jit
+    def store_subtile(self, epi_idx: cutlass.Constexpr, gC_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
+                      store_pipe, epi_barrier, first_buf, epi_count, is_store_warp) -> cutlass.Int32:
+        """Registers `tRS_rD_out` (C's dtype) -> SMEM buffer first_buf + (epi_count % epi_stages) by stmatrix ->
+        sub-tile epi_idx of gC_tile by one TMA store of the store warp, which then waits until an older store
+        released its buffer; the warpgroups meet before and after. Returns epi_count + 1."""
         gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
         bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(
             tma_atom_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi
         )
-        epi_num = cute.size(gC_epi, mode=[1])
         epi_shape = gC_epi.shape[1]
         epi_layout = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
-        size_rD = cute.size(tRS_rD)
-        for epi_idx in cutlass.range_constexpr(epi_num):
-            for v in cutlass.range_constexpr(size_rD):
-                tRS_rD[v] = tRS_rOut[epi_idx * size_rD + v]
-            tRS_rD_out.store(tRS_rD.load().to(self.c_dtype))
-            buf = first_buf + (epi_count + epi_idx) % self.epi_stages
-            cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
-            cute.arch.fence_proxy("async.shared", space="cta")
-            epi_barrier.arrive_and_wait()
-            if is_store_warp:
-                cute.copy(tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))])
-                store_pipe.producer_commit()
-                store_pipe.producer_acquire()
-            epi_barrier.arrive_and_wait()
-        return epi_count + epi_num
+        buf = first_buf + epi_count % self.epi_stages
+        cute.copy(tiled_copy_r2s, tRS_rD_out, tRS_sD[(None, None, None, buf)])
+        cute.arch.fence_proxy("async.shared", space="cta")
+        epi_barrier.arrive_and_wait()
+        if is_store_warp:
+            cute.copy(tma_atom_c, bSG_sD[(None, buf)], bSG_gD[(None, epi_layout.get_hier_coord(epi_idx))])
+            store_pipe.producer_commit()
+            store_pipe.producer_acquire()
+        epi_barrier.arrive_and_wait()
+        return epi_count + 1
+
+    def epi_count_per_tile(self, gC_tile) -> int:
+        """Epilogue sub-tiles per output tile (static)."""
+        return cute.size(cute.zipped_divide(gC_tile, self.epi_tile), mode=[1])
 
     # ------------------------------------------------------------------ scheduling
     @cute.jit
@@ -935,13 +1028,17 @@ class Sm90GroupedGemmKernel:
 
     @cute.jit
     def activation(self, gate: cutlass.Float32, up: cutlass.Float32) -> cutlass.Float32:
+        """The gated activation of one output. The sigmoids take an approximate reciprocal (rcp.approx, about 1 ulp
+        of fp32; the output is rounded to 16 bits): an IEEE division (div.rn.f32, a multi-instruction sequence
+        with a slow path) per output made the epilogue math a third of GEMM1's time at qwen3-30b-a3b T=8192
+        (docs/perf-notes-sm90.md v13)."""
         result = gate
         if cutlass.const_expr(self.epilogue == EPI_SWIGLU):
-            result = gate / (1.0 + cute.math.exp(-gate, fastmath=True)) * up
+            result = gate * cute.arch.rcp_approx(1.0 + cute.math.exp(-gate, fastmath=True)) * up
         elif cutlass.const_expr(self.epilogue == EPI_GELU_GATED):
             result = 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
         else:
             g = cutlass.min(gate, cutlass.Float32(SWIGLU_OAI_LIMIT))
             u = cutlass.max(cutlass.min(up, cutlass.Float32(SWIGLU_OAI_LIMIT)), cutlass.Float32(-SWIGLU_OAI_LIMIT))
-            result = (u + 1.0) * (g / (1.0 + cute.math.exp(-SWIGLU_OAI_ALPHA * g, fastmath=True)))
+            result = (u + 1.0) * (g * cute.arch.rcp_approx(1.0 + cute.math.exp(-SWIGLU_OAI_ALPHA * g, fastmath=True)))
         return result

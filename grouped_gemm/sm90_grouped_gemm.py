@@ -32,6 +32,8 @@ __all__ = [
     "Consumers",
     "Operands",
     "PaddingRows",
+    "EpilogueStore",
+    "ASource",
     "Sm90GemmConfig",
     "Sm90Problem",
     "can_implement",
@@ -40,6 +42,7 @@ __all__ = [
     "default_config",
     "regular_config",
     "default_padding_rows",
+    "default_epilogue_store",
     "regular_schedule",
     "swapped_config",
     "wide_config",
@@ -99,6 +102,15 @@ class PaddingRows(enum.Enum):
     # waits on each stage and releases it without MMAs: the other warpgroup has the tensor cores to itself,
     # so such a tile takes about half the MMA time
     SKIP = "skip"
+
+
+class EpilogueStore(enum.Enum):
+    """When a COOPERATIVE regular kernel stores a unit's output tile (its registers -> SMEM -> TMA store)."""
+
+    AFTER_MAINLOOP = "after_mainloop"  # right after the unit's mainloop: the tensor cores wait for the stores
+    # the tile, converted to C's dtype, stays in registers, and its epilogue sub-tiles are stored one per K tile
+    # during the next unit's first K tiles, under its MMAs (the last unit's after the loop)
+    UNDER_NEXT_MAINLOOP = "under_next_mainloop"
 
 
 class ASource(enum.Enum):
@@ -183,6 +195,7 @@ class Sm90GemmConfig:
     # one size); decode tiles take 0
     token_step: int = 0
     a_source: ASource = ASource.EXPERT_ORDER_COPY
+    epilogue_store: EpilogueStore = EpilogueStore.AFTER_MAINLOOP
 
     @property
     def wide(self) -> bool:
@@ -216,6 +229,23 @@ class Sm90Problem:
         return epilogue_name(self.kind, self.activation, self.has_row_scale, self.has_bias)
 
 
+def _memoized(fn):
+    """`fn` cached on its arguments. can_implement, the config policies and kernel_key are pure functions of frozen
+    configurations and problems that the layer calls for every GEMM of every forward (3-25 us of Python each);
+    arguments that cannot be hashed bypass the cache, so their errors are fn's own."""
+    cached = functools.lru_cache(maxsize=4096)(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return cached(*args, **kwargs)
+        except TypeError:  # unhashable arguments (or fn's own TypeError, which the direct call raises again)
+            return fn(*args, **kwargs)
+
+    wrapper.cache_clear = cached.cache_clear
+    return wrapper
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
 
@@ -246,6 +276,7 @@ def resolve_stages(config: Sm90GemmConfig) -> int:
     return min(8, max_stages(per_stage, _reserved_bytes(config), Arch.SM90))
 
 
+@_memoized
 def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, str]:
     """(True, "") when this kernel can run `problem` with `config`, else (False, why)."""
     if not isinstance(config, Sm90GemmConfig):
@@ -333,6 +364,12 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         if config.tile_k % 64 or problem.k % config.tile_k:
             return False, (f"a_source: TOKEN_ROWS copies whole 64-column slices: tile_k must be a multiple of 64 "
                            f"dividing k, got tile_k {config.tile_k}, k {problem.k}")
+    if not isinstance(config.epilogue_store, EpilogueStore):
+        return False, f"epilogue_store: expected an EpilogueStore, got {config.epilogue_store!r}"
+    if config.epilogue_store is EpilogueStore.UNDER_NEXT_MAINLOOP and (
+            swapped or config.consumers is not Consumers.COOPERATIVE):
+        return False, ("epilogue_store: UNDER_NEXT_MAINLOOP is the regular (TOKENS_AS_M) kernel's with COOPERATIVE "
+                       "consumers (PINGPONG overlaps by taking alternate units)")
     stages = resolve_stages(config)
     if stages < 2:
         return False, f"stages: only {stages} fit in SMEM for tile {config.tile_m}x{config.tile_n}x{config.tile_k}"
@@ -407,6 +444,16 @@ def default_padding_rows(problem: Sm90Problem, tile_m: int, consumers: Consumers
     return PaddingRows.MULTIPLY
 
 
+def default_epilogue_store(consumers: Consumers = Consumers.COOPERATIVE,
+                           operands: Operands = Operands.TOKENS_AS_M) -> EpilogueStore:
+    """UNDER_NEXT_MAINLOOP wherever it exists (COOPERATIVE TOKENS_AS_M kernels), else AFTER_MAINLOOP. Measured on
+    the H200 (results/epilogue-h200-2026-12-01/, 10 cells x 2 GEMMs, interleaved): never slower beyond the noise;
+    GEMM2 -8..-15% where its K is short (qwen3 T >= 8192), GEMM1 -0.3..-3.5%."""
+    if consumers is Consumers.COOPERATIVE and operands is Operands.TOKENS_AS_M:
+        return EpilogueStore.UNDER_NEXT_MAINLOOP
+    return EpilogueStore.AFTER_MAINLOOP
+
+
 def regular_schedule(work_unit: WorkUnit, rows_per_expert: float | None,
                      scheduler: Scheduler | None = None, n_blocks: int | None = None) -> tuple[Scheduler, Raster]:
     """(scheduler, raster) of the regular (TOKENS_AS_M) kernel for about `rows_per_expert` rows per expert
@@ -428,6 +475,7 @@ def regular_schedule(work_unit: WorkUnit, rows_per_expert: float | None,
     return scheduler, Raster.GROUPED_M if scheduler is Scheduler.DYNAMIC and grouped else Raster.ALONG_N
 
 
+@_memoized
 def default_config(
     problem: Sm90Problem,
     scheduler: Scheduler | None = None,
@@ -458,14 +506,16 @@ def default_config(
     return regular_config(problem, scheduler, work_unit, rows_per_expert)
 
 
+@_memoized
 def regular_config(problem: Sm90Problem, scheduler: Scheduler | None = None, work_unit: WorkUnit = WorkUnit.SINGLE,
-                   rows_per_expert: float | None = None) -> Sm90GemmConfig:
+                   rows_per_expert: float | None = None, tile_n: int | None = None) -> Sm90GemmConfig:
     """The regular (TOKENS_AS_M) kernel default_config falls back to: 128-row tiles, the widest N tile that
-    divides N, the schedule of regular_schedule."""
-    for tile_n in (256, 192, 128, 64):
+    divides N (or `tile_n`), the schedule of regular_schedule for its n-block count."""
+    for tile_n in (256, 192, 128, 64) if tile_n is None else (tile_n,):
         tile_scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler, -(-problem.n // tile_n))
         cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=tile_scheduler, raster=raster,
-                             raster_group_m=GROUPED_RASTER_GROUP_M, padding_rows=default_padding_rows(problem, 128))
+                             raster_group_m=GROUPED_RASTER_GROUP_M, padding_rows=default_padding_rows(problem, 128),
+                             epilogue_store=default_epilogue_store())
         if can_implement(cfg, problem)[0]:
             return cfg
     raise ValueError(f"problem: no sm90 configuration fits {problem}")
@@ -530,6 +580,7 @@ def epilogue_operands(
 
 
 # ---------------------------------------------------------------------------------------------- compile
+@_memoized
 def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
     return KernelKey(
         family=FAMILY,
@@ -547,7 +598,9 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ())
         + ((("padding", config.padding_rows.value),) if config.padding_rows is not PaddingRows.MULTIPLY else ())
         + ((("token_step", config.token_step or config.tile_m),) if config.wide else ())
-        + ((("a_source", config.a_source.value),) if config.a_source is not ASource.EXPERT_ORDER_COPY else ()),
+        + ((("a_source", config.a_source.value),) if config.a_source is not ASource.EXPERT_ORDER_COPY else ())
+        + ((("store", config.epilogue_store.value),) if config.epilogue_store is not EpilogueStore.AFTER_MAINLOOP
+           else ()),
     )
 
 
@@ -593,7 +646,7 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
 
         kernel = Sm90GroupedGemmKernel(**common, cluster_m=config.cluster_m, consumers=config.consumers.value,
                                        raster_group_m=config.raster_group_m, padding_rows=config.padding_rows.value,
-                                       a_source=config.a_source.value)
+                                       a_source=config.a_source.value, epilogue_store=config.epilogue_store.value)
     options = f"--enable-tvm-ffi --gpu-arch {Arch.SM90.value}"
     dump_dir = None
     if keep_ptx:  # the compiler also writes the PTX to a file: keep that out of the working directory
@@ -713,6 +766,7 @@ def token_rows_pays(problem: Sm90Problem, rows_per_expert: float | None = None) 
     return problem.kind is GemmStage.GEMM1 and problem.out_n <= TOKEN_ROWS_MAX_INTERMEDIATE
 
 
+@_memoized
 def token_rows_config(problem: Sm90Problem, rows_per_expert: float | None = None) -> Sm90GemmConfig | None:
     """The regular kernel of regular_config reading A from the token rows (ASource.TOKEN_ROWS), or None where
     it cannot (GEMM2, a tile_k that does not divide k)."""
@@ -869,6 +923,7 @@ def _config_json(config: Sm90GemmConfig) -> dict:
         "padding_rows": config.padding_rows.value,
         "token_step": config.token_step,
         "a_source": config.a_source.value,
+        "epilogue_store": config.epilogue_store.value,
     }
 
 

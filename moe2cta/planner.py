@@ -816,7 +816,8 @@ def _family_objects(module, candidate: Candidate, problem: GemmProblem):
         config = module.Sm90GemmConfig(tile_m=c.rows_per_cta, tile_n=c.block_n, tile_k=c.block_k, stages=c.stages,
                                        work_unit=c.unit, pair_threshold=c.pair_threshold, scheduler=scheduler,
                                        raster=raster, raster_group_m=module.GROUPED_RASTER_GROUP_M,
-                                       padding_rows=module.default_padding_rows(fam_problem, c.rows_per_cta))
+                                       padding_rows=module.default_padding_rows(fam_problem, c.rows_per_cta),
+                                       epilogue_store=module.default_epilogue_store())
         return config, fam_problem
     if c.rows_per_cta != module.ROWS_PER_CTA:
         raise ValueError(f"{c.rows_per_cta} rows per CTA: the family fixes {module.ROWS_PER_CTA} (TMEM lanes)")

@@ -97,6 +97,17 @@ layer-full)  # the full grid (5 models x T in 1..32768), one invocation per mode
             --backends "${LAYER_BACKENDS:-auto,triton,cute,grouped-mm}" \
             --time-per-case 0.05 --out "$out/layer-$m" --progress off --no-plots
     done ;;
+layer-ab)  # the layer's prefill cells under two code versions on one machine: the installed wheel with $kdir, and
+    # AB_OLD_WHEEL (a wheel directory) with AB_OLD_KERNELS, in the order old, new, old (the repeat shows the drift)
+    for v in old new old2; do
+        site=/tmp/moe2cta-site-$v wheel=$repo/.whl kernels=$kdir
+        [ "$v" != new ] && wheel=$repo/$AB_OLD_WHEEL kernels=$repo/$AB_OLD_KERNELS
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel"/moe2cta-*.whl
+        PYTHONPATH=$site:$PYTHONPATH MOE2CTA_KERNEL_DIR=$kernels TAIL=3 step "layer-ab-$v" 250 python3 -m moe2cta.serving_bench \
+            --models "${AB_MODELS:-mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b}" \
+            --tokens "${AB_TOKENS:-2048,8192,32768}" --backends auto,triton --time-per-case 0.05 --out "$out/layer-ab-$v" \
+            --progress off --no-plots
+    done ;;
 layer-decode)  # decode cells of the three models with the smallest floors at T=1
     step layer-decode 60 python3 -m moe2cta.serving_bench --models qwen3-30b-a3b,gpt-oss-120b,qwen3-235b-a22b --tokens 1,8 \
         --backends triton --time-per-case 0.05 --out "$out/layer-decode" --progress off --no-plots ;;

@@ -54,6 +54,7 @@ def check_variants():
     bf = torch.bfloat16
     TOKEN_ROWS = s90.ASource.TOKEN_ROWS
     SKIP = s90.PaddingRows.SKIP
+    UNDER = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
     single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
     dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
@@ -142,6 +143,20 @@ def check_variants():
                                                                  a_source=TOKEN_ROWS), p1_n512),
         ("g1_gelu_token_rows_k128_skip", Cfg(tile_n=128, tile_k=128, padding_rows=SKIP, a_source=TOKEN_ROWS), p1_gelu),
         ("g1_swiglu_token_rows_m64_decode", Cfg(tile_m=64, tile_n=128, a_source=TOKEN_ROWS), p1),
+        # EpilogueStore.UNDER_NEXT_MAINLOOP: each output tile stored during the next unit's first K tiles (the
+        # last one after the loop); CHECK_H / 64 = 4 K tiles against 2-8 epilogue sub-tiles, so both the stores
+        # under the K tiles and those after a short mainloop run; SKIP, PAIR, token rows and 64-row tiles beside it
+        ("g1_swiglu_under_dynamic", dataclasses.replace(dyn, epilogue_store=UNDER), p1),
+        ("g1_oai_bias_under_skip_grouped3_dynamic_many", Cfg(tile_n=128, scheduler=s90.Scheduler.DYNAMIC,
+                                                            raster=s90.Raster.GROUPED_M, raster_group_m=3,
+                                                            padding_rows=SKIP, epilogue_store=UNDER), p1_oai),
+        ("g2_rowscale_bias_under_n256_skip_dynamic_many", Cfg(tile_n=256, scheduler=s90.Scheduler.DYNAMIC,
+                                                             padding_rows=SKIP, epilogue_store=UNDER), p2_bias),
+        ("g2_plain_under_m64n256", Cfg(tile_m=64, tile_n=256, epilogue_store=UNDER), p2_plain),
+        ("g2_rowscale_under_pair", dataclasses.replace(pair, epilogue_store=UNDER), p2),
+        ("g1_swiglu_under_token_rows_n256_dynamic_many", Cfg(scheduler=s90.Scheduler.DYNAMIC, a_source=TOKEN_ROWS,
+                                                            epilogue_store=UNDER), p1_n512),
+        ("g1_gelu_under_decode", dataclasses.replace(single, epilogue_store=UNDER), p1_gelu),
     ]
 
 

@@ -62,8 +62,19 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
     wide256n = s90.wide_config(problem, tile_m=128, max_tile_n=256)
     wide256n = wide256n if wide256n is not None and wide256n.tile_n == 256 else None
     token_rows = s90.token_rows_config(problem, rows_per_expert) if problem.kind is s90.GemmStage.GEMM1 else None
+    # 128-wide N tiles (twice the units: fewer idle SMs in the last wave where a GEMM has few); None where N is no
+    # multiple of 128
+    tile_n128 = rep(regular_cfg, tile_n=128, raster=s90.regular_schedule(
+        regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // 128))[1])
+    tile_n128 = tile_n128 if regular_cfg.tile_n != 128 and s90.can_implement(tile_n128, problem)[0] else None
+    after = s90.EpilogueStore.AFTER_MAINLOOP  # each tile stored right after its mainloop (the default until v13)
     return {
         "default": default,
+        # the regular kernel storing each tile right after its mainloop, not under the next one (GEMM1 also on the
+        # token rows; GEMM2 of that variant: the regular one's)
+        "store_after": rep(regular_cfg, epilogue_store=after),
+        "token_rows_store_after": (token_rows and rep(token_rows, epilogue_store=after))
+        if problem.kind is s90.GemmStage.GEMM1 else rep(regular_cfg, epilogue_store=after),
         # GEMM1 reading the token rows itself (ASource.TOKEN_ROWS, what the layer runs at prefill), GEMM2 as the
         # regular default
         "token_rows": token_rows if problem.kind is s90.GemmStage.GEMM1 else regular_cfg,
@@ -80,6 +91,7 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         # is no multiple of 256)
         "wide128_n256": wide256n,
         "wide128_n256_along_m": wide256n and rep(wide256n, raster=s90.Raster.ALONG_M),
+        "tile_n128": tile_n128,
         # the regular choice with the other PaddingRows choice (the regular kernel's only)
         "padding_flip": rep(regular_cfg, padding_rows=s90.PaddingRows.MULTIPLY
                             if regular_cfg.padding_rows is s90.PaddingRows.SKIP else s90.PaddingRows.SKIP),
@@ -184,7 +196,7 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
         inputs[padding] = (p1s, p2s)
     a1, a2 = inputs[paddings[0]]
     token_rows = None
-    if "token_rows" in variants:
+    if any(v.startswith("token_rows") for v in variants):
         # GEMM1 on the token rows: T tokens, the valid rows read a random permutation of the T*k slots (padding
         # row r token r % T, as the kernel reads them); every candidate's A copies become the gathered rows (the
         # same values)
@@ -231,7 +243,7 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
             if missing:
                 print(f"{preset.name:16s} T={tokens:6d} {name}: not in bundle {kdir}, skipped", flush=True)
                 continue
-            if v == "token_rows":
+            if v.startswith("token_rows"):
                 if token_rows is None or len(paddings) > 1:
                     print(f"{preset.name:16s} T={tokens:6d} {name}: one padding only, skipped", flush=True)
                     continue

@@ -451,15 +451,20 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                 assert variants["default"] == s90.default_config(problem, rows_per_expert=rows)
                 assert variants["regular"] == s90.regular_config(problem, rows_per_expert=rows)
                 for name, cfg in variants.items():
-                    if cfg is None:  # a wide tile of 256 weight rows where N is no multiple of 256 (gpt-oss)
-                        assert name.startswith("wide128_n256") and problem.n % 256, (preset.name, name)
+                    if cfg is None:  # a wide tile of 256 weight rows where N is no multiple of 256 (gpt-oss), or
+                        # a 128-wide regular tile where N is no multiple of 128
+                        assert (name.startswith("wide128_n256") and problem.n % 256) or (
+                            name == "tile_n128" and problem.n % 128), (preset.name, name)
                         continue
                     assert s90.can_implement(cfg, problem) == (True, ""), (preset.name, name)
                 # distinct kernels apart from the aliases (the layer's choice, its regular-kernel choice, and GEMM2 of
                 # the token-rows variant, which is the regular one)
                 assert variants["token_rows"] == (
                     s90.token_rows_config(problem, rows) if problem.kind is s90.GemmStage.GEMM1 else variants["regular"])
-                aliases = ("default", "regular") + (("token_rows",) if problem.kind is s90.GemmStage.GEMM2 else ())
+                aliases = ("default", "regular") + (("token_rows", "token_rows_store_after")
+                                                    if problem.kind is s90.GemmStage.GEMM2 else ())
+                assert variants["store_after"] == dataclasses.replace(
+                    variants["regular"], epilogue_store=s90.EpilogueStore.AFTER_MAINLOOP)
                 stems = [s90.kernel_key(c, problem).file_stem() for n, c in variants.items()
                          if n not in aliases and c is not None]
                 assert len(set(stems)) == len(stems), (preset.name, problem.kind)

@@ -198,7 +198,8 @@ def test_kernel_configs_for_layer_tuned_vs_default(tmp_path):
     g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H200", **dims)
     # the tuned tile with the family's schedule for 512 rows per expert on 12 n-blocks (DYNAMIC, ALONG_N)
     assert g1 == s90.Sm90GemmConfig(tile_m=64, tile_n=128, tile_k=64, stages=6, work_unit=WorkUnit.SINGLE, pair_threshold=0,
-                                    scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.ALONG_N)
+                                    scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.ALONG_N,
+                                    epilogue_store=s90.EpilogueStore.UNDER_NEXT_MAINLOOP)
     assert g2 is None and source == "gemm1 tuned (bucket 512); gemm2 default (bucket 512 not tuned)"
     # another GPU's or another bucket's entries are not used
     assert tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H100", **dims)[:2] == (None, None)
