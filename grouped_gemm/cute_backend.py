@@ -644,11 +644,7 @@ class Sm90GroupedGemmKernel:
                         # the K tiles that store a held sub-tile (unrolled: a sub-tile's registers are static)
                         for ku in cutlass.range_constexpr(under):
                             mainloop.consumer_wait(read_state)
-                            cute.nvgpu.warpgroup.fence()
-                            for kbu in cutlass.range_constexpr(num_k_blocks):
-                                stage_kb = (None, None, kbu, read_state.index)
-                                cute.gemm(tiled_mma, acc, tCrA[stage_kb], tCrB[stage_kb], acc)
-                            cute.nvgpu.warpgroup.commit_group()
+                            self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index)
                             if pending:
                                 epi_count = self.store_held_subtile(
                                     held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
@@ -661,14 +657,7 @@ class Sm90GroupedGemmKernel:
                             read_state.advance()
                         for k in cutlass.range(under, k_tiles, unroll=1):
                             mainloop.consumer_wait(read_state)
-                            # wgmma.fence before each K tile's MMAs (as CUTLASS does): where ptxas has to insert
-                            # it itself on a divergent path it serializes every wgmma (C7520; it did in the PAIR
-                            # kernels, tests/test_sm90_compile.py checks)
-                            cute.nvgpu.warpgroup.fence()
-                            for kb in cutlass.range_constexpr(num_k_blocks):
-                                coord = (None, None, kb, read_state.index)
-                                cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
-                            cute.nvgpu.warpgroup.commit_group()
+                            self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index)
                             cute.nvgpu.warpgroup.wait_group(1)
                             if k > 0:
                                 mainloop.consumer_release(release_state)
@@ -864,6 +853,18 @@ class Sm90GroupedGemmKernel:
         if warp_idx == 0:
             self.finish_dynamic(workspace, num_clusters, 0)
             mainloop.producer_tail(state)
+
+    # ------------------------------------------------------------------ mainloop
+    @cute.jit
+    def issue_k_tile(self, tiled_mma, acc, tCrA, tCrB, stage):
+        """The MMAs of one K tile (SMEM stage `stage`) as one committed wgmma group. It fences first (as CUTLASS
+        does): where ptxas has to insert the fence itself on a divergent path it serializes every wgmma (C7520;
+        it did in the PAIR kernels, tests/test_sm90_compile.py checks)."""
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            coord = (None, None, kb, stage)
+            cute.gemm(tiled_mma, acc, tCrA[coord], tCrB[coord], acc)
+        cute.nvgpu.warpgroup.commit_group()
 
     # ------------------------------------------------------------------ epilogue store
     @cute.jit

@@ -324,7 +324,6 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             tCrW = tiled_mma.make_fragment_A(thr_mma.partition_A(sW))  # (its K blocks; each N size partitions anew)
             acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_n, self.tile_m)), self.acc_dtype)
             coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
-            num_k_blocks = cute.size(tCrW, mode=[2])
             read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             sched_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.sched_stages)
@@ -359,13 +358,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                         mma_v.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                         for k in cutlass.range(k_tiles, unroll=1):
                             mainloop.consumer_wait(read_state)
-                            # wgmma.fence before each K tile's MMAs: on a divergent path ptxas would otherwise
-                            # insert it itself and serialize every wgmma (C7520)
-                            cute.nvgpu.warpgroup.fence()
-                            for kb in cutlass.range_constexpr(num_k_blocks):
-                                coord = (None, None, kb, read_state.index)
-                                cute.gemm(mma_v, acc_v, tCrW_v[coord], tCrT_v[coord], acc_v)
-                            cute.nvgpu.warpgroup.commit_group()
+                            self.issue_k_tile(mma_v, acc_v, tCrW_v, tCrT_v, read_state.index)
                             cute.nvgpu.warpgroup.wait_group(1)
                             if k > 0:
                                 mainloop.consumer_release(release_state)
