@@ -508,10 +508,10 @@ def default_config(
 
 @_memoized
 def regular_config(problem: Sm90Problem, scheduler: Scheduler | None = None, work_unit: WorkUnit = WorkUnit.SINGLE,
-                   rows_per_expert: float | None = None, tile_n: int | None = None) -> Sm90GemmConfig:
+                   rows_per_expert: float | None = None) -> Sm90GemmConfig:
     """The regular (TOKENS_AS_M) kernel default_config falls back to: 128-row tiles, the widest N tile that
-    divides N (or `tile_n`), the schedule of regular_schedule for its n-block count."""
-    for tile_n in (256, 192, 128, 64) if tile_n is None else (tile_n,):
+    divides N, the schedule of regular_schedule for its n-block count."""
+    for tile_n in (256, 192, 128, 64):
         tile_scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler, -(-problem.n // tile_n))
         cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=tile_scheduler, raster=raster,
                              raster_group_m=GROUPED_RASTER_GROUP_M, padding_rows=default_padding_rows(problem, 128),

@@ -553,11 +553,9 @@ def _token_rows_config(module, problem, tuned, rows_per_expert):
     its bundles hold those kernels only) keeps the gathered copy: None."""
     if tuned is not None:
         return None
-    cfg = module.default_config(problem, rows_per_expert=rows_per_expert)
-    if cfg.operands is not module.Operands.TOKENS_AS_M:
+    if module.default_config(problem, rows_per_expert=rows_per_expert).operands is not module.Operands.TOKENS_AS_M:
         return None
-    cfg = dataclasses.replace(cfg, a_source=module.ASource.TOKEN_ROWS)
-    return cfg if module.can_implement(cfg, problem)[0] else None
+    return module.token_rows_config(problem, rows_per_expert)  # (both memoized: nothing built per forward)
 
 
 _FORWARD = {Backend.TORCH: _forward_torch, Backend.TRITON: _forward_triton, Backend.CUTE: _forward_cute}
