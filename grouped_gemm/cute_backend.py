@@ -33,7 +33,11 @@ Warp roles (one CTA, 128 threads per warpgroup):
   epilogue_store UNDER_NEXT_MAINLOOP (COOPERATIVE): the tile is converted to C's dtype and held in registers
   (GEMM2 128x256: 64 registers beside the 128 of the accumulator), and the next unit's first K tiles each
   store one of its sub-tiles between their wgmma commit and wait, so the stores run under the MMAs (sub-tiles
-  beyond the unit's K tiles follow its mainloop; the last unit's tile is stored after the loop). COOPERATIVE
+  beyond the unit's K tiles follow its mainloop; the last unit's tile is stored after the loop).
+  epilogue_store ACTIVATION_UNDER_NEXT_MAINLOOP (GEMM1): what is held is each output's gate and up (bias added,
+  rounded to C's dtype as a same-dtype torch run rounds its GEMM output) in one 32-bit word, 64 registers for
+  128x256, and each sub-tile's activation runs with its store under the next unit's K tiles. (The bf16 halves are
+  unpacked by shift and mask: converting 16-bit elements of a loop-carried tensor made ptxas spill.) COOPERATIVE
   fences (wgmma.fence) before each K tile's MMAs: where ptxas has to insert that fence itself on a
   divergent path, it serializes every wgmma (it did in the PAIR kernels; tests/test_sm90_compile.py runs
   ptxas to check).
@@ -54,7 +58,8 @@ Pipelines:
   after the TMA store that reads it finished.
 While the consumers run the epilogue of unit i, the producer already streams unit i+1's first stages; with
 UNDER_NEXT_MAINLOOP the tensor cores wait only for the epilogue math (the activation's sigmoid takes an
-approximate reciprocal: an IEEE division per output cost a third of GEMM1's time at qwen3-30b-a3b T=8192).
+approximate reciprocal: an IEEE division per output cost a third of GEMM1's time at qwen3-30b-a3b T=8192), and
+with ACTIVATION_UNDER_NEXT_MAINLOOP only for the bias and the conversion to 16 bits.
 
 Work units and clusters: cluster (cluster_m, 1, 1), cluster_m 1 or 2. Global m-blocks (row / tile_m over
 all experts) are taken cluster_m at a time: unit u covers m-blocks cluster_m * mu + rank at n-block nb
@@ -112,6 +117,7 @@ RASTER_EXPERT_GROUPED_M = "expert_grouped_m"  # GROUPED_M with groups cut at exp
 CONSUMERS_COOPERATIVE = "cooperative"  # the consumer warpgroups split the rows of every tile
 STORE_AFTER_MAINLOOP = "after_mainloop"  # epilogue_store values (sm90_grouped_gemm.EpilogueStore)
 STORE_UNDER_NEXT_MAINLOOP = "under_next_mainloop"
+STORE_ACTIVATION_UNDER_NEXT_MAINLOOP = "activation_under_next_mainloop"  # gated: the activation math goes under too
 CONSUMERS_PINGPONG = "pingpong"  # two consumer warpgroups take alternate units (epilogue under the other's MMA)
 PADDING_MULTIPLY = "multiply"  # a consumer warpgroup whose 64 rows are all padding runs its MMAs anyway
 PADDING_SKIP = "skip"  # ... only waits on and releases the stages (COOPERATIVE 128-row tiles)
@@ -147,13 +153,14 @@ class Sm90GroupedGemmKernel:
     ):
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
         self.token_rows = a_source == A_TOKEN_ROWS
-        self.store_under_next = epilogue_store == STORE_UNDER_NEXT_MAINLOOP
+        self.store_under_next = epilogue_store in (STORE_UNDER_NEXT_MAINLOOP, STORE_ACTIVATION_UNDER_NEXT_MAINLOOP)
         self.pingpong = consumers == CONSUMERS_PINGPONG
         self.skip_padding = padding_rows == PADDING_SKIP
         self.stages = stages
         self.cluster_m = cluster_m
         self.epilogue = epilogue
         self.gated = epilogue in GATED_EPILOGUES
+        self.activation_under_next = epilogue_store == STORE_ACTIVATION_UNDER_NEXT_MAINLOOP and self.gated
         self.has_bias = has_bias
         self.has_row_scale = has_row_scale
         self.num_experts = num_experts
@@ -621,7 +628,15 @@ class Sm90GroupedGemmKernel:
                 # the same sub-tiles in the same K tiles (the stores synchronize the two), SKIP included.
                 epi_num = (self.tile_m // self.epi_tile[0]) * (self.out_tile_n // self.epi_tile[1])
                 under = min(epi_num, k_tiles) if cutlass.const_expr(self.store_under_next) else 0
-                held = cute.make_rmem_tensor_like(tRS_rOut, self.c_dtype)
+                # ACTIVATION_UNDER_NEXT_MAINLOOP: `held` keeps output i's gate and up in one 32-bit word (i in the
+                # output tile's register order), and each sub-tile's activation runs when it is stored
+                held = cute.make_rmem_tensor(cute.size(tRS_rOut), cutlass.Int32) if cutlass.const_expr(
+                    self.activation_under_next) else cute.make_rmem_tensor_like(tRS_rOut, self.c_dtype)
+                up_out = out
+                up_view = tRS_rOut
+                if cutlass.const_expr(self.activation_under_next):
+                    up_out = cute.make_rmem_tensor_like(out)  # the up columns, in `out`'s layout
+                    up_view = tiled_copy_r2s.retile(up_out)
                 pending = cutlass.Boolean(False)  # held holds a tile not stored yet (CTA-uniform)
                 held_m_block = cutlass.Int32(0)
                 held_nb = cutlass.Int32(0)
@@ -647,8 +662,8 @@ class Sm90GroupedGemmKernel:
                             self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index)
                             if pending:
                                 epi_count = self.store_held_subtile(
-                                    held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
-                                    epi_count, warp_idx == 4,
+                                    held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
+                                    store_pipe, epi_count, warp_idx == 4,
                                 )
                             cute.nvgpu.warpgroup.wait_group(1)
                             if cutlass.const_expr(ku > 0):
@@ -677,8 +692,8 @@ class Sm90GroupedGemmKernel:
                             read_state.advance()
                             if pending:
                                 epi_count = self.store_held_subtile(
-                                    held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
-                                    epi_count, warp_idx == 4,
+                                    held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
+                                    store_pipe, epi_count, warp_idx == 4,
                                 )
                         for k in cutlass.range(under, k_tiles, unroll=1):
                             mainloop.consumer_wait(read_state)
@@ -691,13 +706,18 @@ class Sm90GroupedGemmKernel:
                         if pending:  # the held sub-tiles that this unit's K tiles did not cover
                             for j in cutlass.range_constexpr(under, epi_num):
                                 epi_count = self.store_held_subtile(
-                                    held, j, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
-                                    epi_count, warp_idx == 4,
+                                    held, j, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
+                                    store_pipe, epi_count, warp_idx == 4,
                                 )
                         pending = has_valid
                         if has_valid:
-                            self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale)
-                            held.store(tRS_rOut.load().to(self.c_dtype))
+                            if cutlass.const_expr(self.activation_under_next):
+                                self.hold_gate_up(acc, out, tRS_rOut, up_out, up_view, held, coords_acc, expert, nb,
+                                                  bias)
+                            else:
+                                self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block, bias,
+                                                    row_scale)
+                                held.store(tRS_rOut.load().to(self.c_dtype))
                             held_m_block = m_block
                             held_nb = nb
                     elif has_valid:
@@ -716,8 +736,8 @@ class Sm90GroupedGemmKernel:
                         held_tile = gC[(None, None, held_m_block, held_nb)]
                         for j in cutlass.range_constexpr(epi_num):
                             epi_count = self.store_held_subtile(
-                                held, j, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
-                                epi_count, warp_idx == 4,
+                                held, j, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
+                                store_pipe, epi_count, warp_idx == 4,
                             )
             else:
                 # PINGPONG: warpgroup wg takes the units with even/odd ordinal; the mainloop pipeline holds
@@ -883,12 +903,35 @@ class Sm90GroupedGemmKernel:
         return epi_count
 
     @cute.jit
-    def store_held_subtile(self, held, epi_idx: cutlass.Constexpr, gC_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out,
-                           tRS_sD, store_pipe, epi_count, is_store_warp) -> cutlass.Int32:
-        """Sub-tile epi_idx of a tile held in C's dtype (EpilogueStore.UNDER_NEXT_MAINLOOP; COOPERATIVE) -> C."""
+    def store_held_subtile(self, held, epi_idx: cutlass.Constexpr, gC_tile, sC, tma_atom_c, tiled_copy_r2s,
+                           tRS_rD_out, tRS_sD, store_pipe, epi_count, is_store_warp) -> cutlass.Int32:
+        """Sub-tile epi_idx of a tile held in C's dtype (EpilogueStore.UNDER_NEXT_MAINLOOP; COOPERATIVE) -> C.
+        ACTIVATION_UNDER_NEXT_MAINLOOP: `held` holds (gate, up) pairs as 32-bit words, and the sub-tile's
+        activation is computed here (in fp32, from the 16-bit gate and up)."""
         size_rD = cute.size(tRS_rD_out)
-        for v in cutlass.range_constexpr(size_rD):
-            tRS_rD_out[v] = held[epi_idx * size_rD + v]
+        if cutlass.const_expr(self.activation_under_next):
+            gate_up = cute.make_rmem_tensor(2 * size_rD, self.acc_dtype)
+            if cutlass.const_expr(self.c_dtype == cutlass.BFloat16):
+                # a bf16 value's bits are the upper half of its fp32 value's (the gate is the word's low half); this
+                # integer unpack keeps ptxas from spilling, where a 16-bit conversion of each half did
+                bits = cute.make_rmem_tensor(2 * size_rD, cutlass.Int32)
+                for v in cutlass.range_constexpr(size_rD):
+                    word = held[epi_idx * size_rD + v]
+                    bits[2 * v] = word << 16
+                    bits[2 * v + 1] = word & cutlass.Int32(-65536)
+                gate_up = cute.recast_tensor(bits, self.acc_dtype)
+            else:
+                words = cute.make_rmem_tensor(size_rD, cutlass.Int32)
+                for v in cutlass.range_constexpr(size_rD):
+                    words[v] = held[epi_idx * size_rD + v]
+                gate_up.store(cute.recast_tensor(words, self.c_dtype).load().to(self.acc_dtype))
+            result = cute.make_rmem_tensor_like(tRS_rD_out, self.acc_dtype)
+            for v in cutlass.range_constexpr(size_rD):
+                result[v] = self.activation(gate_up[2 * v], gate_up[2 * v + 1])
+            tRS_rD_out.store(result.load().to(self.c_dtype))
+        else:
+            for v in cutlass.range_constexpr(size_rD):
+                tRS_rD_out[v] = held[epi_idx * size_rD + v]
         return self.store_subtile(epi_idx, gC_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD, store_pipe,
                                   self.epi_barrier, 0, epi_count, is_store_warp)
 
@@ -1008,11 +1051,8 @@ class Sm90GroupedGemmKernel:
     @cute.jit
     def apply_epilogue(self, acc, out, coords_acc, coords_out, expert, nb, m_block, bias, row_scale):
         """acc (tile_m x tile_n, fp32) -> out (tile_m x out_tile_n, fp32) in registers."""
-        n0 = nb * self.tile_n
         r0 = m_block * self.tile_m
-        if cutlass.const_expr(self.has_bias):
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + bias[expert, n0 + coords_acc[i][1]]
+        self.add_bias(acc, coords_acc, expert, nb, bias)
         if cutlass.const_expr(self.gated):
             # wgmma C layout per thread: (2 cols, 2 rows, tile_n/8 column groups); the prepacked weight puts
             # 8 gate columns then the 8 matching up columns, so gate group 2w pairs with up group 2w+1
@@ -1026,6 +1066,35 @@ class Sm90GroupedGemmKernel:
         if cutlass.const_expr(self.has_row_scale):
             for i in cutlass.range_constexpr(cute.size(out)):
                 out[i] = out[i] * row_scale[r0 + coords_out[i][0]]
+
+    @cute.jit
+    def add_bias(self, acc, coords_acc, expert, nb, bias):
+        if cutlass.const_expr(self.has_bias):
+            n0 = nb * self.tile_n
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                acc[i] = acc[i] + bias[expert, n0 + coords_acc[i][1]]
+
+    @cute.jit
+    def hold_gate_up(self, acc, out, tRS_rOut, up_out, up_view, held, coords_acc, expert, nb, bias):
+        """ACTIVATION_UNDER_NEXT_MAINLOOP: acc (+ bias) -> held[i] = output i's gate and up in C's dtype (one 32-bit
+        word, gate first), i in the register order of the output tile (tRS_rOut, a view of `out`; up_view one of
+        up_out)."""
+        self.add_bias(acc, coords_acc, expert, nb, bias)
+        self.take_half(acc, out, 0)  # gate group 2w of the prepacked columns
+        self.take_half(acc, up_out, 4)  # up group 2w + 1
+        pairs = cute.make_rmem_tensor(2 * cute.size(tRS_rOut), self.acc_dtype)
+        for i in cutlass.range_constexpr(cute.size(tRS_rOut)):
+            pairs[2 * i] = tRS_rOut[i]
+            pairs[2 * i + 1] = up_view[i]
+        cute.recast_tensor(held, self.c_dtype).store(pairs.load().to(self.c_dtype))
+
+    @cute.jit
+    def take_half(self, acc, out, half: cutlass.Constexpr):
+        """out (tile_m x out_tile_n) <- the gate (half 0) or up (half 4) columns of acc (see apply_epilogue)."""
+        for m in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+            for w in cutlass.range_constexpr(self.out_tile_n // 8):
+                for ab in cutlass.range_constexpr(4):
+                    out[(ab + 4 * w, m, 0)] = acc[(ab + 8 * w + half, m, 0)]
 
     @cute.jit
     def activation(self, gate: cutlass.Float32, up: cutlass.Float32) -> cutlass.Float32:

@@ -111,6 +111,10 @@ class EpilogueStore(enum.Enum):
     # the tile, converted to C's dtype, stays in registers, and its epilogue sub-tiles are stored one per K tile
     # during the next unit's first K tiles, under its MMAs (the last unit's after the loop)
     UNDER_NEXT_MAINLOOP = "under_next_mainloop"
+    # GEMM1 (gated): as UNDER_NEXT_MAINLOOP, but what stays in registers is the tile's gate and up
+    # columns (bias added, rounded to C's dtype, as a same-dtype torch run rounds its GEMM output), and each
+    # sub-tile's activation math runs under the next unit's MMAs too
+    ACTIVATION_UNDER_NEXT_MAINLOOP = "activation_under_next_mainloop"
 
 
 class ASource(enum.Enum):
@@ -366,10 +370,12 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
                            f"dividing k, got tile_k {config.tile_k}, k {problem.k}")
     if not isinstance(config.epilogue_store, EpilogueStore):
         return False, f"epilogue_store: expected an EpilogueStore, got {config.epilogue_store!r}"
-    if config.epilogue_store is EpilogueStore.UNDER_NEXT_MAINLOOP and (
+    if config.epilogue_store is not EpilogueStore.AFTER_MAINLOOP and (
             swapped or config.consumers is not Consumers.COOPERATIVE):
-        return False, ("epilogue_store: UNDER_NEXT_MAINLOOP is the regular (TOKENS_AS_M) kernel's with COOPERATIVE "
-                       "consumers (PINGPONG overlaps by taking alternate units)")
+        return False, (f"epilogue_store: {config.epilogue_store.name} is the regular (TOKENS_AS_M) kernel's with "
+                       "COOPERATIVE consumers (PINGPONG overlaps by taking alternate units)")
+    if config.epilogue_store is EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP and problem.kind is not GemmStage.GEMM1:
+        return False, "epilogue_store: ACTIVATION_UNDER_NEXT_MAINLOOP defers GEMM1's gated activation (GEMM2 has none)"
     stages = resolve_stages(config)
     if stages < 2:
         return False, f"stages: only {stages} fit in SMEM for tile {config.tile_m}x{config.tile_n}x{config.tile_k}"
@@ -448,7 +454,9 @@ def default_epilogue_store(consumers: Consumers = Consumers.COOPERATIVE,
                            operands: Operands = Operands.TOKENS_AS_M) -> EpilogueStore:
     """UNDER_NEXT_MAINLOOP wherever it exists (COOPERATIVE TOKENS_AS_M kernels), else AFTER_MAINLOOP. Measured on
     the H200 (results/epilogue-h200-2026-12-01/, 10 cells x 2 GEMMs, interleaved): never slower beyond the noise;
-    GEMM2 -8..-15% where its K is short (qwen3 T >= 8192), GEMM1 -0.3..-3.5%."""
+    GEMM2 -8..-15% where its K is short (qwen3 T >= 8192), GEMM1 -0.3..-3.5%. ACTIVATION_UNDER_NEXT_MAINLOOP is not
+    a default: GEMM1 -0.6..-0.9% with gathered A and +1.0..+1.5% on the token rows (geomeans of three runs over 10
+    cells), for twice the rounding error (results/activation-under-h200-2026-12-01/, docs/perf-notes-sm90.md v14)."""
     if consumers is Consumers.COOPERATIVE and operands is Operands.TOKENS_AS_M:
         return EpilogueStore.UNDER_NEXT_MAINLOOP
     return EpilogueStore.AFTER_MAINLOOP

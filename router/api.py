@@ -415,7 +415,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
             return a1
         out[:max_rows].copy_(a1)
         return out
-    from .permute_triton import jit_functions, permute_launch_params
+    from .permute_triton import GATHER_SLOTS_PER_PROGRAM, jit_functions, permute_launch_params
 
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
@@ -425,7 +425,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     if num_slots == 0 or hidden_size == 0:
         return out
     block_h, num_warps = permute_launch_params(hidden_size, hidden.element_size())
-    block_s = 4
+    block_s = GATHER_SLOTS_PER_PROGRAM
     scale_arg = scale.contiguous() if scale is not None else disp.slot_rows
     weights_arg = slot_weights.contiguous() if slot_weights is not None else disp.slot_rows  # (unused when None)
     slot_programs = _cdiv(num_slots, block_s)
@@ -499,7 +499,7 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
             return res
         out.copy_(res)
         return out
-    from .permute_triton import jit_functions, permute_launch_params
+    from .permute_triton import COMBINE_TOKENS_PER_PROGRAM, jit_functions, permute_launch_params
 
     if y.stride(1) != 1:
         y = y.contiguous()
@@ -508,7 +508,7 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
     if num_tokens == 0 or hidden_size == 0:
         return out
     block_h, num_warps = permute_launch_params(hidden_size, y.element_size())
-    block_t = 2
+    block_t = COMBINE_TOKENS_PER_PROGRAM
     w_arg = topk_weights.contiguous() if topk_weights is not None else disp.slot_rows
     grid = (_cdiv(num_tokens, block_t), _cdiv(hidden_size, block_h))
     jit_functions().combine_kernel[grid](

@@ -26,7 +26,8 @@ import triton.language as tl
 
 from . import routing_triton
 
-__all__ = ["jit_functions", "permute_launch_params", "ROW_WEIGHTS_BLOCK"]
+__all__ = ["jit_functions", "permute_launch_params", "ROW_WEIGHTS_BLOCK", "GATHER_SLOTS_PER_PROGRAM",
+           "COMBINE_TOKENS_PER_PROGRAM"]
 
 
 def gather_kernel(
@@ -148,10 +149,16 @@ def jit_functions():
     return _jit_functions(routing_triton.triton_interpreting())
 
 
+GATHER_SLOTS_PER_PROGRAM = 8  # BLOCK_S of gather_kernel
+COMBINE_TOKENS_PER_PROGRAM = 2  # BLOCK_T of combine_kernel
+
+
 def permute_launch_params(hidden_size: int, element_size: int) -> tuple[int, int]:
-    """(BLOCK_H, num_warps): 16-byte vectors, 4 warps x 32 lanes across a 1-4 KiB slab of a row."""
+    """(BLOCK_H, num_warps): one 16-byte vector per thread and row, 4 warps x 32 lanes across at most 2 KiB of a
+    row. Two vectors per thread (a 4 KiB slab, the previous choice) made the combine 2-27% slower at the layer's
+    prefill shapes on the H200, and the gather 0-5% (with 4 slots per program; results/permute-h200-2026-12-01/)."""
     vec = max(1, 16 // element_size)
-    block_h = min(triton.next_power_of_2(max(hidden_size, 1)), 128 * vec * 2)
+    block_h = min(triton.next_power_of_2(max(hidden_size, 1)), 128 * vec)
     block_h = max(block_h, 16)
     num_warps = 4 if block_h >= 128 * vec else max(1, block_h // (32 * vec))
     return block_h, num_warps

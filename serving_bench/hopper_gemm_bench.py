@@ -55,12 +55,14 @@ def check_variants():
     TOKEN_ROWS = s90.ASource.TOKEN_ROWS
     SKIP = s90.PaddingRows.SKIP
     UNDER = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
+    ACT = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
     single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
     dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
     decode = Cfg(tile_m=64, tile_n=64, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_N)
     p1 = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU)
     p1_gelu = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.GELU_GATED)
+    p1_fp16 = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, torch.float16, Activation.SWIGLU)
     p1_oai = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU_OAI, has_bias=True)
     p1_n512 = Problem(G1, 512, CHECK_H, CHECK_E, bf, Activation.SWIGLU)  # 2I a multiple of 256 weight rows
     p1_oai_n512 = Problem(G1, 512, CHECK_H, CHECK_E, bf, Activation.SWIGLU_OAI, has_bias=True)
@@ -157,6 +159,19 @@ def check_variants():
         ("g1_swiglu_under_token_rows_n256_dynamic_many", Cfg(scheduler=s90.Scheduler.DYNAMIC, a_source=TOKEN_ROWS,
                                                             epilogue_store=UNDER), p1_n512),
         ("g1_gelu_under_decode", dataclasses.replace(single, epilogue_store=UNDER), p1_gelu),
+        # EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP: GEMM1 holds (gate, up) words and each sub-tile's activation runs
+        # under the next unit's K tiles (the same mix of paths as UNDER_NEXT_MAINLOOP, plus fp16's unpack)
+        ("g1_swiglu_act_under_dynamic", dataclasses.replace(dyn, epilogue_store=ACT), p1),
+        ("g1_oai_bias_act_under_skip_grouped3_dynamic_many", Cfg(tile_n=128, scheduler=s90.Scheduler.DYNAMIC,
+                                                                raster=s90.Raster.GROUPED_M, raster_group_m=3,
+                                                                padding_rows=SKIP, epilogue_store=ACT), p1_oai),
+        ("g1_swiglu_act_under_n256_dynamic_many", Cfg(scheduler=s90.Scheduler.DYNAMIC, epilogue_store=ACT), p1_n512),
+        ("g1_oai_bias_act_under_n256_pair", Cfg(work_unit=WorkUnit.PAIR, pair_threshold=1, epilogue_store=ACT),
+         p1_oai_n512),
+        ("g1_swiglu_act_under_token_rows_n256_dynamic_many", Cfg(scheduler=s90.Scheduler.DYNAMIC, a_source=TOKEN_ROWS,
+                                                                epilogue_store=ACT), p1_n512),
+        ("g1_gelu_act_under_m64_decode", Cfg(tile_m=64, tile_n=128, epilogue_store=ACT), p1_gelu),
+        ("g1_swiglu_act_under_fp16_many", dataclasses.replace(dyn, epilogue_store=ACT), p1_fp16),
     ]
 
 
@@ -333,35 +348,35 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     counts = make_counts(routing, tokens, top_k, experts, gen)
     max_rows = int(counts.sum()) + experts * (ALIGN - 1)
     ro = padded_layout(counts, max_rows)
-    k, n = problem.k, problem.n
-    a = (torch.randn(max_rows, k, generator=gen) * 0.5).to(torch.bfloat16)
+    k, n, dt = problem.k, problem.n, problem.dtype
+    a = (torch.randn(max_rows, k, generator=gen) * 0.5).to(dt)
     token_rows = None
     if cfg.a_source is not s90.ASource.EXPERT_ORDER_COPY:
         # the valid rows read the slots of a random permutation (slot // top_k = token), padding row r token r % T;
         # `a` becomes the gathered copy the kernel must behave like
         slots = int(counts.sum())
-        hidden = (torch.randn(max(1, -(-slots // top_k)), k, generator=gen) * 0.5).to(torch.bfloat16)
+        hidden = (torch.randn(max(1, -(-slots // top_k)), k, generator=gen) * 0.5).to(dt)
         a_rows = torch.full((max_rows,), -1, dtype=torch.int32)
         a_rows[valid_row_mask(ro, counts, max_rows)] = torch.randperm(slots, generator=gen).to(torch.int32)
         a = hidden[torch.where(a_rows >= 0, a_rows // top_k, torch.arange(max_rows) % hidden.shape[0]).long()]
         token_rows = (hidden.cuda(), a_rows.cuda(), top_k)
-    w = (torch.randn(experts, n, k, generator=gen) / k**0.5).to(torch.bfloat16)
+    w = (torch.randn(experts, n, k, generator=gen) / k**0.5).to(dt)
     bias = (torch.randn(experts, n, generator=gen) * 0.5) if problem.has_bias else None
     row_scale = torch.rand(max_rows, generator=gen) if problem.has_row_scale else None
     if problem.kind is G1:
         ref = grouped_gemm1_reference(a.double(), w.double(), ro, counts, problem.activation,
                                       None if bias is None else bias.double())
         same = grouped_gemm1_reference(a.cuda(), w.cuda(), ro, counts, problem.activation,
-                                       None if bias is None else bias.cuda().to(torch.bfloat16)).cpu()
+                                       None if bias is None else bias.cuda().to(dt)).cpu()
         w_dev = s90.prepack_w13(w.cuda())
     else:
         ref = grouped_gemm2_reference(a.double(), w.double(), ro, counts, None if row_scale is None else row_scale.double(),
                                       None if bias is None else bias.double())
         same = grouped_gemm2_reference(a.cuda(), w.cuda(), ro, counts,
-                                       None if row_scale is None else row_scale.cuda().to(torch.bfloat16),
-                                       None if bias is None else bias.cuda().to(torch.bfloat16)).cpu()
+                                       None if row_scale is None else row_scale.cuda().to(dt),
+                                       None if bias is None else bias.cuda().to(dt)).cpu()
         w_dev = w.cuda()
-    out = torch.full((max_rows, problem.out_n), float("nan"), dtype=torch.bfloat16, device=dev)
+    out = torch.full((max_rows, problem.out_n), float("nan"), dtype=dt, device=dev)
     dog.arm(f"{name} / {routing}")
     call(cfg, problem, a.cuda(), w_dev, ro.cuda(), counts.cuda(), None if bias is None else bias.cuda(),
          None if row_scale is None else row_scale.cuda(), out, kdir, token_rows)

@@ -68,6 +68,7 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // 128))[1])
     tile_n128 = tile_n128 if regular_cfg.tile_n != 128 and s90.can_implement(tile_n128, problem)[0] else None
     after = s90.EpilogueStore.AFTER_MAINLOOP  # each tile stored right after its mainloop (the default until v13)
+    act = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP  # GEMM1's activation math under the next mainloop too
     return {
         "default": default,
         # the regular kernel storing each tile right after its mainloop, not under the next one (GEMM1 also on the
@@ -75,6 +76,11 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "store_after": rep(regular_cfg, epilogue_store=after),
         "token_rows_store_after": (token_rows and rep(token_rows, epilogue_store=after))
         if problem.kind is s90.GemmStage.GEMM1 else rep(regular_cfg, epilogue_store=after),
+        # GEMM1 with its activation math under the next mainloop too (GEMM2: the regular default)
+        "activation_under": rep(regular_cfg, epilogue_store=act) if problem.kind is s90.GemmStage.GEMM1
+        else regular_cfg,
+        "token_rows_activation_under": (token_rows and rep(token_rows, epilogue_store=act))
+        if problem.kind is s90.GemmStage.GEMM1 else regular_cfg,
         # GEMM1 reading the token rows itself (ASource.TOKEN_ROWS, what the layer runs at prefill), GEMM2 as the
         # regular default
         "token_rows": token_rows if problem.kind is s90.GemmStage.GEMM1 else regular_cfg,

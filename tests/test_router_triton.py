@@ -447,3 +447,42 @@ def test_gather_token_row_padding(backend, with_scale):
     assert bool((got[unused] == (-3.0 if backend is TRITON else 0.0)).all())
     with pytest.raises(ValueError, match="padding"):
         gather(hidden, disp, top_k, backend=backend, padding="zeros")
+
+
+def test_permute_launch_params_take_one_vector_per_thread_and_row():
+    """BLOCK_H covers one 16-byte vector per thread of 4 warps at most (two made the combine 2-27% slower at the
+    layer's prefill shapes: results/permute-h200-2026-12-01/); narrow rows take fewer warps."""
+    from moe2cta.router.permute_triton import permute_launch_params
+
+    assert permute_launch_params(7168, 2) == (1024, 4)
+    assert permute_launch_params(2880, 2) == (1024, 4)
+    assert permute_launch_params(4096, 4) == (512, 4)
+    assert permute_launch_params(512, 2) == (512, 2)
+    assert permute_launch_params(40, 2) == (64, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gather_and_combine_span_several_column_blocks(dtype):
+    """Rows wider than one BLOCK_H (1024 columns for 16-bit types), with a masked tail block: the gather (row weights,
+    TOKEN_ROW padding) and the combine match their references."""
+    num_tokens, top_k, num_experts, hidden_size = 6, 2, 4, 1024 + 40
+    gen = torch.Generator().manual_seed(3)
+    ids = _random_ids(num_tokens, top_k, num_experts, gen).to(DEVICE)
+    disp = dispatch_reference(ids, num_experts, align=8)
+    hidden = torch.randn(num_tokens, hidden_size, generator=gen).to(dtype).to(DEVICE)
+    weights = torch.rand(num_tokens, top_k, generator=gen).to(DEVICE)
+    max_rows = disp.sorted_slots.numel()
+    row_weights = torch.zeros(max_rows, device=DEVICE)
+    got = gather(hidden, disp, top_k, backend=TRITON, slot_weights=weights, row_weights_out=row_weights,
+                 padding="token_row")
+    want = gather_reference(hidden, disp, top_k)
+    used = torch.arange(max_rows, device=DEVICE) < disp.row_offsets[-1]
+    want[used & (disp.sorted_slots < 0)] = hidden[0]
+    assert torch.equal(got[used].cpu(), want[used].cpu())
+    rows = disp.slot_rows.long()
+    assert torch.equal(row_weights[rows[rows >= 0]].cpu(), weights.reshape(-1)[rows >= 0].cpu())
+    y = torch.randn(max_rows, hidden_size, generator=gen).to(dtype).to(DEVICE)
+    out = combine(y, disp, None, num_tokens, top_k, backend=TRITON)
+    ref = combine_reference(y, disp, None, num_tokens, top_k, dtype)
+    tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), rtol=tol, atol=tol)

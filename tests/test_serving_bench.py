@@ -461,10 +461,14 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                 # the token-rows variant, which is the regular one)
                 assert variants["token_rows"] == (
                     s90.token_rows_config(problem, rows) if problem.kind is s90.GemmStage.GEMM1 else variants["regular"])
-                aliases = ("default", "regular") + (("token_rows", "token_rows_store_after")
-                                                    if problem.kind is s90.GemmStage.GEMM2 else ())
+                aliases = ("default", "regular") + (
+                    ("token_rows", "token_rows_store_after", "activation_under", "token_rows_activation_under")
+                    if problem.kind is s90.GemmStage.GEMM2 else ())
                 assert variants["store_after"] == dataclasses.replace(
                     variants["regular"], epilogue_store=s90.EpilogueStore.AFTER_MAINLOOP)
+                if problem.kind is s90.GemmStage.GEMM1:
+                    assert variants["activation_under"] == dataclasses.replace(
+                        variants["regular"], epilogue_store=s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP)
                 stems = [s90.kernel_key(c, problem).file_stem() for n, c in variants.items()
                          if n not in aliases and c is not None]
                 assert len(set(stems)) == len(stems), (preset.name, problem.kind)
@@ -582,3 +586,17 @@ def test_layer_runs_combines_per_model_runs(tmp_path):
     assert "| m2 | 32 | 10.0 | error | - |" in md and "1.250 / - / 1.25" in md  # not timed; the previous run
     with pytest.raises(ValueError, match="run_dirs: .*results.json does not exist"):
         layer_runs.load_cells([tmp_path / "missing"])
+
+
+def test_permute_bench_grid_and_cells():
+    """The gather / combine launch grid skips BLOCK_H wider than the row's power of two, and every default cell names
+    a preset."""
+    from moe2cta.presets import PRESETS
+    from moe2cta.serving_bench import permute_bench as pb
+
+    narrow = list(pb._grid(pb.COMBINE_GRID, 600))
+    assert narrow and all(p["block_h"] <= 1024 for p in narrow) and any(p["block_h"] == 1024 for p in narrow)
+    assert len(list(pb._grid(pb.COMBINE_GRID, 4096))) == 4 * 3 * 2
+    for cell in pb.DEFAULT_CELLS:
+        model, tokens = cell.split(":")
+        assert model in PRESETS and int(tokens) > 0

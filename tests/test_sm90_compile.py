@@ -112,30 +112,37 @@ def test_can_implement_reasons():
 
 
 def test_epilogue_store_limits_key_and_policy():
-    """UNDER_NEXT_MAINLOOP (a tile's stores under the next unit's mainloop) exists for COOPERATIVE regular kernels
-    only, is part of the kernel's key, and is what the policy picks wherever it exists."""
+    """UNDER_NEXT_MAINLOOP (a tile's stores under the next unit's mainloop) and ACTIVATION_UNDER_NEXT_MAINLOOP (GEMM1's
+    activation math too) exist for COOPERATIVE regular kernels only, the second for GEMM1 only; both are part of the
+    kernel's key, and the policy picks UNDER_NEXT_MAINLOOP wherever it exists (ACTIVATION_UNDER_NEXT_MAINLOOP is
+    opt-in: measured, not a default)."""
     under = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
+    act = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP
     p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
     p2 = s90.Sm90Problem(G2, 2048, 768, 128, torch.bfloat16, None, False, True)
-    assert s90.can_implement(s90.Sm90GemmConfig(epilogue_store=under, work_unit=WorkUnit.PAIR), p1) == (True, "")
-    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=128, consumers=s90.Consumers.PINGPONG, epilogue_store=under),
-                                p1)
-    assert not ok and "epilogue_store" in why and "COOPERATIVE" in why
-    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=16, tile_n=128, tile_k=128, operands=s90.Operands.WEIGHTS_AS_M,
-                                                   epilogue_store=under), p2)
-    assert not ok and "epilogue_store" in why
+    for store in (under, act):
+        assert s90.can_implement(s90.Sm90GemmConfig(epilogue_store=store, work_unit=WorkUnit.PAIR), p1) == (True, "")
+        ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=128, consumers=s90.Consumers.PINGPONG,
+                                                       epilogue_store=store), p1)
+        assert not ok and "epilogue_store" in why and "COOPERATIVE" in why
+        ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=16, tile_n=128, tile_k=128,
+                                                       operands=s90.Operands.WEIGHTS_AS_M, epilogue_store=store), p2)
+        assert not ok and "epilogue_store" in why
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(epilogue_store=act), p2)
+    assert not ok and "epilogue_store" in why and "GEMM1" in why
     ok, why = s90.can_implement(s90.Sm90GemmConfig(epilogue_store="under"), p1)
     assert not ok and "EpilogueStore" in why
     after = s90.Sm90GemmConfig()
-    assert s90.kernel_key(after, p1).file_stem() != s90.kernel_key(dataclasses.replace(after, epilogue_store=under),
-                                                                   p1).file_stem()
+    stems = {s90.kernel_key(dataclasses.replace(after, epilogue_store=store), p1).file_stem()
+             for store in (s90.EpilogueStore.AFTER_MAINLOOP, under, act)}
+    assert len(stems) == 3
     for problem in (p1, p2):
         for rows in (None, 64.0, 512.0, 4096.0):
             cfg = s90.default_config(problem, rows_per_expert=rows)
             if cfg.operands is s90.Operands.TOKENS_AS_M:
                 assert cfg.epilogue_store is under, (problem.kind, rows)
         assert s90.default_config(problem, rows_per_expert=8.0).epilogue_store is s90.EpilogueStore.AFTER_MAINLOOP
-        assert s90.token_rows_config(p1, 512.0).epilogue_store is under
+    assert s90.token_rows_config(p1, 512.0).epilogue_store is under
     assert s90.default_epilogue_store(s90.Consumers.PINGPONG) is s90.EpilogueStore.AFTER_MAINLOOP
 
 
@@ -395,6 +402,14 @@ SMALL = [  # (name, config, problem): one per epilogue, work unit and scheduler
         tile_n=256, scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M, raster_group_m=3,
         padding_rows=s90.PaddingRows.SKIP, epilogue_store=s90.EpilogueStore.UNDER_NEXT_MAINLOOP),
      s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
+    # EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP: GEMM1's activation math under the next unit's K tiles too
+    ("oai_bias_act_under_skip_dynamic", s90.Sm90GemmConfig(tile_n=128, scheduler=s90.Scheduler.DYNAMIC,
+                                                           padding_rows=s90.PaddingRows.SKIP,
+                                                           epilogue_store=s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, has_bias=True)),
+    ("swiglu_act_under_fp16_pair", s90.Sm90GemmConfig(tile_n=256, work_unit=WorkUnit.PAIR,
+                                                      epilogue_store=s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP),
+     s90.Sm90Problem(G1, 512, 128, 4, torch.float16, Activation.SWIGLU)),
 ]
 
 
@@ -441,6 +456,34 @@ def test_under_next_mainloop_stores_inside_the_k_loop_and_gated_epilogues_do_not
         p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, act, act is Activation.SWIGLU_OAI)
         ptx = s90.compile_kernel(s90.default_config(p1, rows_per_expert=512.0), p1, keep_ptx=True).__ptx__
         assert "div.rn.f32" not in ptx and "rcp.approx" in ptx, act
+
+
+@NEEDS_DSL
+def test_activation_under_next_mainloop_computes_inside_the_k_loop():
+    """ACTIVATION_UNDER_NEXT_MAINLOOP computes the sigmoids of the held tile's sub-tiles between a K tile's wgmma
+    commit and its wait; UNDER_NEXT_MAINLOOP (the default) computes all of them after the mainloop."""
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    under = s90.default_config(p1, rows_per_expert=512.0)
+    assert under.epilogue_store is s90.EpilogueStore.UNDER_NEXT_MAINLOOP
+    act = dataclasses.replace(under, epilogue_store=s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP)
+
+    def sigmoids_between_commit_and_wait(ptx: str) -> int:
+        count, open_group = 0, False
+        for line in ptx.splitlines():
+            if "wgmma.commit_group" in line:
+                open_group = True
+            elif "wgmma.wait_group" in line:
+                open_group = False
+            elif open_group and "ex2.approx" in line:
+                count += 1
+        return count
+
+    ptx_act = s90.compile_kernel(act, p1, keep_ptx=True).__ptx__
+    ptx_under = s90.compile_kernel(under, p1, keep_ptx=True).__ptx__
+    # 128x256 tile, 256 consumer threads: 64 outputs each, one sigmoid per output in the unrolled K tiles
+    assert sigmoids_between_commit_and_wait(ptx_act) >= 64
+    assert sigmoids_between_commit_and_wait(ptx_under) == 0
+    assert "div.rn.f32" not in ptx_act
 
 
 @NEEDS_DSL
