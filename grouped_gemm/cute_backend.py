@@ -84,8 +84,9 @@ last one to finish zeroes both words for the next launch (launches that share a 
 stream-ordered).
 
 Limits: bf16/fp16, K-major A and B, K % 8 == 0 (TMA zero-fills a partial last K tile; A_TOKEN_ROWS: K % tile_k
-== 0, tile_k a multiple of 64, and every a_rows entry below T * rows_per_token), N % tile_n == 0,
-row_offsets multiples of tile_m, at most 256 experts; GEMM1 weights prepacked (gate/up rows
+== 0, tile_k a multiple of 64, and every a_rows entry below T * rows_per_token), N % 16 == 0 (a partial last
+n-block: TMA zero-fills B's missing rows, the bias index is clamped, the C store clips), row_offsets multiples of
+tile_m, at most 256 experts; GEMM1 weights prepacked (gate/up rows
 interleaved in chunks of 8, matching the wgmma accumulator's 8-column groups).
 """
 from __future__ import annotations
@@ -224,7 +225,8 @@ class Sm90GroupedGemmKernel:
                stream):
         """Trace-time set-up (MMA atoms, SMEM layouts, copy atoms, shared storage) and the launch."""
         self.ab_dtype = a.element_type
-        self.n_blocks = b.shape[1] // self.tile_n
+        self.n = b.shape[1]
+        self.n_blocks = (self.n + self.tile_n - 1) // self.tile_n  # a partial last n-block: TMA zero-fills / clips
         self.c_dtype = c.element_type
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype,
@@ -1071,8 +1073,14 @@ class Sm90GroupedGemmKernel:
     def add_bias(self, acc, coords_acc, expert, nb, bias):
         if cutlass.const_expr(self.has_bias):
             n0 = nb * self.tile_n
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                acc[i] = acc[i] + bias[expert, n0 + coords_acc[i][1]]
+            if cutlass.const_expr(self.n % self.tile_n):
+                # a partial last n-block: its missing columns (never stored) read the last bias column
+                last = cutlass.min(cutlass.Int32(self.tile_n - 1), self.n - 1 - n0)
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    acc[i] = acc[i] + bias[expert, n0 + cutlass.min(coords_acc[i][1], last)]
+            else:
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    acc[i] = acc[i] + bias[expert, n0 + coords_acc[i][1]]
 
     @cute.jit
     def hold_gate_up(self, acc, out, tRS_rOut, up_out, up_view, held, coords_acc, expert, nb, bias):

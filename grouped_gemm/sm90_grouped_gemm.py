@@ -64,6 +64,8 @@ __all__ = [
 FAMILY = "sm90_grouped_gemm"
 EPILOGUE_SMEM_STAGES = 2
 EPILOGUE_TILE_N = 32
+# N of a regular kernel whose last n-block is partial: whole gate / up chunk pairs (GEMM1), 16-byte C rows (GEMM2)
+N_TAIL_ALIGN = {GemmStage.GEMM1: 2 * GATE_UP_CHUNK, GemmStage.GEMM2: 8}
 BARRIER_RESERVE_BYTES = 1024
 METADATA_RESERVE_BYTES = 8 * 257  # SMEM copies of row_offsets and counts, up to 256 experts
 
@@ -323,8 +325,11 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
             return False, f"tile_n: output tile {out_tile_n} must be a multiple of {EPILOGUE_TILE_N}"
         if out_tile_n < EPILOGUE_TILE_N and EPILOGUE_TILE_N % out_tile_n:
             return False, f"tile_n: output tile {out_tile_n} must divide {EPILOGUE_TILE_N}"
-    if problem.n % config.tile_n:
-        return False, f"n: {problem.n} is not a multiple of tile_n {config.tile_n}"
+    tail_align = N_TAIL_ALIGN[problem.kind]
+    if problem.n % config.tile_n and (swapped or problem.n % tail_align):
+        # the regular kernel takes a partial last n-block (TMA zero-fills B's rows past N and clips C's columns)
+        return False, (f"n: {problem.n} is not a multiple of tile_n {config.tile_n}"
+                       + ("" if swapped else f" (a partial last n-block needs n a multiple of {tail_align})"))
     if problem.kind is GemmStage.GEMM1:
         if problem.activation is None:
             return False, "activation: GEMM1 needs an Activation"
@@ -518,8 +523,13 @@ def default_config(
 def regular_config(problem: Sm90Problem, scheduler: Scheduler | None = None, work_unit: WorkUnit = WorkUnit.SINGLE,
                    rows_per_expert: float | None = None) -> Sm90GemmConfig:
     """The regular (TOKENS_AS_M) kernel default_config falls back to: 128-row tiles, the widest N tile that
-    divides N, the schedule of regular_schedule for its n-block count."""
-    for tile_n in (256, 192, 128, 64):
+    divides N, the schedule of regular_schedule for its n-block count. Where no N tile divides N, the tile with the
+    fewest missing columns in a partial last n-block (the wider on a tie). A partial n-block was measured slower
+    where a divisor exists (gpt-oss-120b GEMM1 on 256-wide tiles: +0.7..+3.2% against 192-wide,
+    results/activation-under-h200-2026-12-01/run4-n-tail/), so it is only the fallback."""
+    divisors = [t for t in (256, 192, 128, 64) if problem.n % t == 0]
+    partial = sorted((256, 192, 128), key=lambda t: (-problem.n % t, -t))
+    for tile_n in divisors or partial:
         tile_scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler, -(-problem.n // tile_n))
         cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=tile_scheduler, raster=raster,
                              raster_group_m=GROUPED_RASTER_GROUP_M, padding_rows=default_padding_rows(problem, 128),

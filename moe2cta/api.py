@@ -66,11 +66,14 @@ __all__ = ["route", "fused_moe", "is_supported", "MoELayer", "BackendPlan", "AUT
 # Limits of the Triton router kernels, used when router/routing_triton.py does not state its own.
 TRITON_ROUTER_MAX_EXPERTS = 512
 TRITON_ROUTER_MAX_TOP_K = 16
-# CuTe GEMM families: K-major TMA tiles need K and N multiples of the 64-element K tile; pair tiles need
-# expert row blocks that are multiples of 128 rows.
+# CuTe GEMM families: H a multiple of the 64-element K tile (GEMM1 reading the token rows copies whole 64-column
+# slices); I a multiple of 8 on sm_90 (GEMM1's N = 2I in whole gate / up chunk pairs: the regular kernel takes a
+# partial last n-block, and TMA zero-fills GEMM2's partial last K tile) and of 64 on sm_100; pair tiles need expert
+# row blocks that are multiples of 128 rows.
 CUTE_DIM_MULTIPLE = 64
-CUTE_ALIGN_MULTIPLE = 128
 CUTE_ARCH_MODULES = {(9, 0): "sm90_grouped_gemm", (10, 0): "sm100_grouped_gemm"}
+CUTE_INTERMEDIATE_MULTIPLE = {(9, 0): 8, (10, 0): 64}
+CUTE_ALIGN_MULTIPLE = 128
 # AUTO on sm_90: batches with at most this many routed rows per expert (T * top_k / E_g) run TRITON, larger
 # ones CUTE. At or below it the Triton token GEMVs and grouped GEMMs are the faster decode path. Above it the sm90
 # family is ahead, the CuTe gathered copy of A included: layer runs on the H200 (serving_bench/results/
@@ -171,9 +174,10 @@ def _layer_support(
             return False, f"{name}: needs sm_90 or sm_100, device is sm_{capability[0]}{capability[1]}"
         if dtype not in (torch.bfloat16, torch.float16):
             return False, f"{name}: needs bfloat16 or float16 tensors, got {dtype}"
-        for label, size in (("hidden size H", hidden), ("intermediate size I", intermediate)):
-            if size % CUTE_DIM_MULTIPLE:
-                return False, f"{name}: {label}={size} is not a multiple of {CUTE_DIM_MULTIPLE}"
+        for label, size, multiple in (("hidden size H", hidden, CUTE_DIM_MULTIPLE),
+                                      ("intermediate size I", intermediate, CUTE_INTERMEDIATE_MULTIPLE[capability])):
+            if size % multiple:
+                return False, f"{name}: {label}={size} is not a multiple of {multiple}"
         if config.align % CUTE_ALIGN_MULTIPLE:
             return False, f"{name}: align={config.align} is not a multiple of {CUTE_ALIGN_MULTIPLE}"
         module, reason = _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")

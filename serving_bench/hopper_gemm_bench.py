@@ -69,6 +69,7 @@ def check_variants():
     p2 = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, False, True)
     p2_bias = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, True, True)
     p2_plain = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, False, False)
+    p2_n384 = Problem(G2, 384, CHECK_I, CHECK_E, bf, None, True, True)  # 1.5 n-blocks of 256
     return [
         ("g1_swiglu_single", single, p1),
         ("g1_swiglu_pair", pair, p1),
@@ -172,6 +173,19 @@ def check_variants():
                                                                 epilogue_store=ACT), p1_n512),
         ("g1_gelu_act_under_m64_decode", Cfg(tile_m=64, tile_n=128, epilogue_store=ACT), p1_gelu),
         ("g1_swiglu_act_under_fp16_many", dataclasses.replace(dyn, epilogue_store=ACT), p1_fp16),
+        # a partial last n-block (N = 384 over 256-wide tiles): TMA zero-fills B's missing rows, the bias index is
+        # clamped, the C store clips the missing columns
+        ("g1_oai_bias_n256_tail_dynamic", Cfg(tile_n=256, scheduler=s90.Scheduler.DYNAMIC, epilogue_store=UNDER),
+         p1_oai),
+        ("g1_swiglu_n256_tail_skip_grouped3_dynamic_many", Cfg(tile_n=256, scheduler=s90.Scheduler.DYNAMIC,
+                                                              raster=s90.Raster.GROUPED_M, raster_group_m=3,
+                                                              padding_rows=SKIP, epilogue_store=UNDER), p1),
+        ("g1_oai_bias_n256_tail_pair", Cfg(tile_n=256, work_unit=WorkUnit.PAIR, pair_threshold=1), p1_oai),
+        ("g1_swiglu_n256_tail_token_rows_dynamic_many", Cfg(tile_n=256, scheduler=s90.Scheduler.DYNAMIC,
+                                                           a_source=TOKEN_ROWS, epilogue_store=UNDER), p1),
+        ("g1_gelu_n256_tail_act_under", Cfg(tile_n=256, epilogue_store=ACT), p1_gelu),
+        ("g2_rowscale_bias_n256_tail_skip_dynamic_many", Cfg(tile_n=256, scheduler=s90.Scheduler.DYNAMIC,
+                                                            padding_rows=SKIP, epilogue_store=UNDER), p2_n384),
     ]
 
 

@@ -67,6 +67,15 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
     tile_n128 = rep(regular_cfg, tile_n=128, raster=s90.regular_schedule(
         regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // 128))[1])
     tile_n128 = tile_n128 if regular_cfg.tile_n != 128 and s90.can_implement(tile_n128, problem)[0] else None
+    # GEMM1 on 256-wide tiles where N is no multiple of 256 (a partial last n-block; gpt-oss: 22.5 n-blocks against
+    # 30 of 192); GEMM2 of that variant: the regular one's
+    tail256 = None
+    if problem.kind is s90.GemmStage.GEMM2:
+        tail256 = regular_cfg
+    elif problem.n % 256:
+        tail256 = rep(regular_cfg, tile_n=256, raster=s90.regular_schedule(
+            regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // 256))[1])
+        tail256 = tail256 if s90.can_implement(tail256, problem)[0] else None
     after = s90.EpilogueStore.AFTER_MAINLOOP  # each tile stored right after its mainloop (the default until v13)
     act = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP  # GEMM1's activation math under the next mainloop too
     return {
@@ -98,6 +107,7 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "wide128_n256": wide256n,
         "wide128_n256_along_m": wide256n and rep(wide256n, raster=s90.Raster.ALONG_M),
         "tile_n128": tile_n128,
+        "tile_n256_tail": tail256,
         # the regular choice with the other PaddingRows choice (the regular kernel's only)
         "padding_flip": rep(regular_cfg, padding_rows=s90.PaddingRows.MULTIPLY
                             if regular_cfg.padding_rows is s90.PaddingRows.SKIP else s90.PaddingRows.SKIP),

@@ -536,6 +536,33 @@ def test_gpu_cute_gemm1_on_token_rows_matches_the_gathered_copy(num_tokens, bias
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("backend", ["cute", "auto"])
+@pytest.mark.parametrize("num_tokens", [1, 300, 4096])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_gpu_cute_layer_with_a_partial_n_block(backend, num_tokens, bias):
+    """I = 200: GEMM1's N = 400 has no 64-multiple N tile, so the sm_90 regular kernel runs 256-wide tiles with a
+    partial last n-block (TMA zero-fills the missing weight rows, the store clips), and GEMM2's K = 200 ends in a
+    partial K tile. Needs the bundle of `moe2cta.aot build --model custom:256,200,16,4[,swiglu_oai,bias]`."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the partial n-block is the sm_90 regular kernel's")
+    layer = make(num_tokens, 256, 200, 16, dtype=torch.bfloat16, device="cuda", seed=24, bias=bias)
+    routing = RoutingConfig(top_k=4)
+    activation = Activation.SWIGLU_OAI if bias else Activation.SWIGLU
+    args = (layer["hidden"], layer["w13"], layer["w2"])
+    ok, reason = is_supported("cute", *args, routing=routing)
+    if not ok:
+        pytest.skip(reason)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=routing, backend=backend, activation=activation,
+                   b13=layer.get("b13"), b2=layer.get("b2"))
+    out = moe(layer["hidden"], layer["logits"])
+    weights, ids = route(layer["logits"], routing, backend="torch")
+    refs = [moe_reference(*args, weights, ids, activation, layer.get("b13"), layer.get("b2"), dtype=dtype)
+            for dtype in (torch.float64, torch.bfloat16)]
+    assert rel_err(out, refs[0]) <= 2 * rel_err(refs[1], refs[0]) + 1e-3, moe.backend_reason
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_gpu_auto_splits_on_sm90():
     """On sm_90 with the CuTe kernels available, AUTO runs TRITON (on the packed w13) for decode-sized batches
     and CUTE above; test_gpu_backend_matches_reference checks both sides' results."""

@@ -394,7 +394,7 @@ def test_layer_configs_from_cache_or_heuristic(tmp_path):
     ev2, source2 = tuning.layer_configs("sm_90a", tokens_per_expert=400, cache=cache, **dims)["gemm2"]
     assert source2 == "tuned" and ev2.candidate == tuned
     # ... unless the current kernels reject it (a stale file): then the heuristic, with the reason
-    stale = dataclasses.replace(tuned, block_n=96)  # 2048 % 96 != 0
+    stale = dataclasses.replace(tuned, block_n=80)  # an 80-wide output tile: no whole 32-column sub-tiles
     cache.put(tuning.TuningEntry(key2, stale, 1e-4))
     ev3, source3 = tuning.layer_configs("sm_90a", tokens_per_expert=400, cache=cache, **dims)["gemm2"]
     assert ev3.ok and source3.startswith("heuristic (cached") and ev3.candidate != stale

@@ -454,7 +454,8 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                     if cfg is None:  # a wide tile of 256 weight rows where N is no multiple of 256 (gpt-oss), or
                         # a 128-wide regular tile where N is no multiple of 128
                         assert (name.startswith("wide128_n256") and problem.n % 256) or (
-                            name == "tile_n128" and problem.n % 128), (preset.name, name)
+                            name == "tile_n128" and problem.n % 128) or (
+                            name == "tile_n256_tail" and problem.n % 256 == 0), (preset.name, name)
                         continue
                     assert s90.can_implement(cfg, problem) == (True, ""), (preset.name, name)
                 # distinct kernels apart from the aliases (the layer's choice, its regular-kernel choice, and GEMM2 of
@@ -462,7 +463,8 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                 assert variants["token_rows"] == (
                     s90.token_rows_config(problem, rows) if problem.kind is s90.GemmStage.GEMM1 else variants["regular"])
                 aliases = ("default", "regular") + (
-                    ("token_rows", "token_rows_store_after", "activation_under", "token_rows_activation_under")
+                    ("token_rows", "token_rows_store_after", "activation_under", "token_rows_activation_under",
+                     "tile_n256_tail")
                     if problem.kind is s90.GemmStage.GEMM2 else ())
                 assert variants["store_after"] == dataclasses.replace(
                     variants["regular"], epilogue_store=s90.EpilogueStore.AFTER_MAINLOOP)

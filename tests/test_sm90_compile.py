@@ -98,8 +98,23 @@ def test_can_implement_reasons():
     p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
     assert s90.can_implement(s90.Sm90GemmConfig(), p1) == (True, "")
     assert s90.can_implement(s90.Sm90GemmConfig(work_unit=WorkUnit.PAIR), p1) == (True, "")
-    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=256), s90.Sm90Problem(G2, 2880, 2880, 128))
-    assert not ok and "tile_n" in why
+    # a partial last n-block: the regular kernel takes N = 2880 on 256-wide tiles, not N off the grid of whole gate /
+    # up chunk pairs (GEMM1: 16 rows) or of 16-byte C rows (GEMM2: 8)
+    assert s90.can_implement(s90.Sm90GemmConfig(tile_n=256), s90.Sm90Problem(G2, 2880, 2880, 128)) == (True, "")
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=256), s90.Sm90Problem(G2, 2884, 2880, 128))
+    assert not ok and "tile_n" in why and "multiple of 8" in why
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=256),
+                                s90.Sm90Problem(G1, 2888, 2880, 128, torch.bfloat16, Activation.SWIGLU))
+    assert not ok and "tile_n" in why and "multiple of 16" in why
+    # the policy takes a divisor of N where one exists (a partial n-block measured slower), else the tile with the
+    # fewest missing columns
+    assert s90.regular_config(s90.Sm90Problem(G2, 2880, 2880, 128), rows_per_expert=512.0).tile_n == 192
+    assert s90.regular_config(s90.Sm90Problem(G1, 2000, 2048, 64, torch.bfloat16, Activation.SWIGLU)).tile_n == 256
+    assert s90.regular_config(s90.Sm90Problem(G2, 2888, 1024, 64, torch.bfloat16, None, False, True)).tile_n == 128
+    assert s90.default_config(s90.Sm90Problem(G2, 1000, 1000, 64, torch.bfloat16, None, False, True),
+                              rows_per_expert=1.0).tile_n == 256
+    with pytest.raises(ValueError, match="problem"):
+        s90.regular_config(s90.Sm90Problem(G2, 1004, 512, 64, torch.bfloat16, None, False, True))
     ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=96), p1)
     assert not ok and "tile_m" in why
     assert s90.can_implement(s90.Sm90GemmConfig(work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.DYNAMIC), p1) == (
@@ -402,6 +417,10 @@ SMALL = [  # (name, config, problem): one per epilogue, work unit and scheduler
         tile_n=256, scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.GROUPED_M, raster_group_m=3,
         padding_rows=s90.PaddingRows.SKIP, epilogue_store=s90.EpilogueStore.UNDER_NEXT_MAINLOOP),
      s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
+    # a partial last n-block (N = 384 on 256-wide tiles), with the bias index clamped
+    ("oai_bias_n256_tail_under_dynamic", s90.Sm90GemmConfig(tile_n=256, scheduler=s90.Scheduler.DYNAMIC,
+                                                            epilogue_store=s90.EpilogueStore.UNDER_NEXT_MAINLOOP),
+     s90.Sm90Problem(G1, 384, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, has_bias=True)),
     # EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP: GEMM1's activation math under the next unit's K tiles too
     ("oai_bias_act_under_skip_dynamic", s90.Sm90GemmConfig(tile_n=128, scheduler=s90.Scheduler.DYNAMIC,
                                                            padding_rows=s90.PaddingRows.SKIP,

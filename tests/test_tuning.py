@@ -212,8 +212,8 @@ def test_kernel_configs_for_layer_tuned_vs_default(tmp_path):
     # router weight on the input: GEMM2's epilogue is "plain", not tuned -> default
     assert tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H200",
                                            gemm2_row_scale=False, **dims)[1] is None
-    # a stale entry (this N is not a multiple of its tile) falls back to the default with the reason
-    stale = planner.make_candidate("sm_90a", "single", 128, 192, 64, 4)  # 2048 % 192 != 0
+    # a stale entry (a tile the kernels reject) falls back to the default with the reason
+    stale = planner.make_candidate("sm_90a", "single", 128, 80, 64, 4)  # no whole 32-column epilogue sub-tiles
     cache.put(tuning.TuningEntry(key2, stale, 1e-4))
     g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H200", **dims)
     assert g2 is None and "rejected" in source
