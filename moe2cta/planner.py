@@ -52,8 +52,9 @@ Time model (predicted seconds, ranked ascending):
   shape_eff: sm_100 tiles of 64 rows per CTA use half the tensor core (0.5), else 1.0.
   smem_read_eff: min(1, 128 B/clk / SMEM bytes the MMA reads per clock at peak) (sm_90 per warpgroup of 64
   rows: every warpgroup reads all of B).
-Prune: over the SMEM/TMEM/register budget, fewer than 2 stages, alignment (K*2 % 16; gated N tiles keep
-gate/up pairs: 2I % BN == 0), the kernel family's own can_implement where the family exists (the planner
+Prune: over the SMEM/TMEM/register budget, fewer than 2 stages, alignment (K*2 % 16; gated N tiles divide
+2I: sm_100's limit, and on sm_90 a partial last n-block measured slower than a dividing tile), the kernel family's
+own can_implement where the family exists (the planner
 builds its Sm90GemmConfig / Sm100GemmConfig), then coverage below min_coverage_ratio x the best feasible
 coverage. Ties on time go to fewer waves, more busy SMs, fewer L2 bytes, better coverage, more accumulator
 slots, more stages, less SMEM, SINGLE before PAIR. Pairs win for experts with >= pair_threshold rows because
@@ -541,7 +542,8 @@ def check_limits(candidate: Candidate, problem: GemmProblem, budget: Budget) -> 
     if p.k * p.elem_bytes % 16:
         return False, f"K={p.k}: TMA needs 16-byte aligned rows (K*{p.elem_bytes} % 16 == 0)"
     if p.kind is GemmKind.GEMM1 and p.n % c.block_n:
-        return False, f"gated N tile {c.block_n}: gate/up pairs must stay in one tile, needs N=2I={p.n} % {c.block_n} == 0"
+        return False, (f"gated N tile {c.block_n}: the search takes N tiles that divide N=2I={p.n} (sm_100 needs it; on "
+                       "sm_90 a partial last n-block measured slower)")
     if c.stages < MIN_STAGES:
         return False, f"stages {c.stages} < {MIN_STAGES}: no overlap of TMA and MMA"
     if b.smem_bytes > b.smem_limit:
