@@ -1071,6 +1071,7 @@ class Sm90GroupedGemmKernel:
 
     @cute.jit
     def add_bias(self, acc, coords_acc, expert, nb, bias):
+        """acc += bias[expert, n-block nb's columns] (fp32, in the accumulator's register order)."""
         if cutlass.const_expr(self.has_bias):
             n0 = nb * self.tile_n
             if cutlass.const_expr(self.n % self.tile_n):
