@@ -110,16 +110,29 @@ def run_cell(model: str, tokens: int, gen: torch.Generator) -> list[dict]:
     return results
 
 
+def parse_cell(text: str) -> tuple[str, int]:
+    """'MODEL:T' (a preset name and a positive token count) -> (model, T); argparse reports a bad one."""
+    model, sep, tokens = text.partition(":")
+    if not sep or not tokens.isdigit() or int(tokens) < 1:
+        raise argparse.ArgumentTypeError(f"expected MODEL:T with T a positive integer, got {text!r}")
+    try:
+        get_preset(model)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return model, int(tokens)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cells", nargs="+", default=list(DEFAULT_CELLS), metavar="MODEL:T")
+    parser.add_argument("--cells", nargs="+", type=parse_cell, default=[parse_cell(c) for c in DEFAULT_CELLS],
+                        metavar="MODEL:T")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(7)
     results = []
-    for cell in args.cells:
-        model, tokens = cell.split(":")
-        rows = run_cell(model, int(tokens), gen)
+    for model, tokens in args.cells:
+        cell = f"{model}:{tokens}"
+        rows = run_cell(model, tokens, gen)
         results += rows
         for kernel in ("combine", "gather"):
             mine = [r for r in rows if r["kernel"] == kernel]

@@ -502,6 +502,27 @@ def test_gpu_backend_matches_reference(backend, num_tokens, bias):
     assert rel_err(out, refs[0]) <= 2 * rel_err(refs[1], refs[0]) + 1e-3, moe.backend_reason
 
 
+def _sm90_cute_case(num_tokens, inter, seed, bias, device="cuda"):
+    """A 16-expert top-4 layer (H = 256, the given I) with gpt-oss's kind of activation where it has biases, and the
+    arguments is_supported and the references take; skips where the CuTe backend cannot run it."""
+    layer = make(num_tokens, 256, inter, 16, dtype=torch.bfloat16, device=device, seed=seed, bias=bias)
+    routing = RoutingConfig(top_k=4)
+    activation = Activation.SWIGLU_OAI if bias else Activation.SWIGLU
+    args = (layer["hidden"], layer["w13"], layer["w2"])
+    ok, reason = is_supported("cute", *args, routing=routing)
+    if not ok:
+        pytest.skip(reason)
+    return layer, routing, activation, args
+
+
+def _within_2x_of_bf16_torch(out, layer, args, routing, activation) -> bool:
+    """||out - fp64|| / ||fp64|| <= 2 x a bf16 torch run's + 1e-3 (both references on the torch router's choice)."""
+    weights, ids = route(layer["logits"], routing, backend="torch")
+    refs = [moe_reference(*args, weights, ids, activation, layer.get("b13"), layer.get("b2"), dtype=dtype)
+            for dtype in (torch.float64, torch.bfloat16)]
+    return rel_err(out, refs[0]) <= 2 * rel_err(refs[1], refs[0]) + 1e-3
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("num_tokens", [300, 1024, 4096])
@@ -513,13 +534,7 @@ def test_gpu_cute_gemm1_on_token_rows_matches_the_gathered_copy(num_tokens, bias
     every choice gathers."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("ASource.TOKEN_ROWS is the sm_90 kernel's")
-    layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=23, bias=bias)
-    routing = RoutingConfig(top_k=4)
-    activation = Activation.SWIGLU_OAI if bias else Activation.SWIGLU
-    args = (layer["hidden"], layer["w13"], layer["w2"])
-    ok, reason = is_supported("cute", *args, routing=routing)
-    if not ok:
-        pytest.skip(reason)
+    layer, routing, activation, args = _sm90_cute_case(num_tokens, 128, 23, bias)
     layers = [MoELayer(layer["w13"], layer["w2"], routing=routing, backend="cute", activation=activation,
                        b13=layer.get("b13"), b2=layer.get("b2"), gemm1_input=source)
               for source in ("token_rows", "gathered_copy", "auto")]
@@ -528,10 +543,7 @@ def test_gpu_cute_gemm1_on_token_rows_matches_the_gathered_copy(num_tokens, bias
     assert (engaged is not None) == (num_tokens >= 1024)
     out, out_copy, out_auto = (moe(layer["hidden"], layer["logits"]) for moe in layers)
     assert torch.equal(out, out_copy) and torch.equal(out, out_auto)
-    weights, ids = route(layer["logits"], routing, backend="torch")
-    refs = [moe_reference(*args, weights, ids, activation, layer.get("b13"), layer.get("b2"), dtype=dtype)
-            for dtype in (torch.float64, torch.bfloat16)]
-    assert rel_err(out, refs[0]) <= 2 * rel_err(refs[1], refs[0]) + 1e-3
+    assert _within_2x_of_bf16_torch(out, layer, args, routing, activation)
 
 
 @pytest.mark.gpu
@@ -545,20 +557,11 @@ def test_gpu_cute_layer_with_a_partial_n_block(backend, num_tokens, bias):
     partial K tile. Needs the bundle of `moe2cta.aot build --model custom:256,200,16,4[,swiglu_oai,bias]`."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the partial n-block is the sm_90 regular kernel's")
-    layer = make(num_tokens, 256, 200, 16, dtype=torch.bfloat16, device="cuda", seed=24, bias=bias)
-    routing = RoutingConfig(top_k=4)
-    activation = Activation.SWIGLU_OAI if bias else Activation.SWIGLU
-    args = (layer["hidden"], layer["w13"], layer["w2"])
-    ok, reason = is_supported("cute", *args, routing=routing)
-    if not ok:
-        pytest.skip(reason)
+    layer, routing, activation, args = _sm90_cute_case(num_tokens, 200, 24, bias)
     moe = MoELayer(layer["w13"], layer["w2"], routing=routing, backend=backend, activation=activation,
                    b13=layer.get("b13"), b2=layer.get("b2"))
     out = moe(layer["hidden"], layer["logits"])
-    weights, ids = route(layer["logits"], routing, backend="torch")
-    refs = [moe_reference(*args, weights, ids, activation, layer.get("b13"), layer.get("b2"), dtype=dtype)
-            for dtype in (torch.float64, torch.bfloat16)]
-    assert rel_err(out, refs[0]) <= 2 * rel_err(refs[1], refs[0]) + 1e-3, moe.backend_reason
+    assert _within_2x_of_bf16_torch(out, layer, args, routing, activation), moe.backend_reason
 
 
 @pytest.mark.gpu

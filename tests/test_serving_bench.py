@@ -1,6 +1,7 @@
 """CPU tests of the serving benchmark harness (moe2cta.serving_bench); the GPU timing path is marked gpu."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -600,5 +601,10 @@ def test_permute_bench_grid_and_cells():
     assert narrow and all(p["block_h"] <= 1024 for p in narrow) and any(p["block_h"] == 1024 for p in narrow)
     assert len(list(pb._grid(pb.COMBINE_GRID, 4096))) == 4 * 3 * 2
     for cell in pb.DEFAULT_CELLS:
-        model, tokens = cell.split(":")
-        assert model in PRESETS and int(tokens) > 0
+        model, tokens = pb.parse_cell(cell)
+        assert model in PRESETS and tokens > 0
+    for bad in ("qwen3-30b-a3b", "qwen3-30b-a3b:0", "qwen3-30b-a3b:x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="MODEL:T"):
+            pb.parse_cell(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="model"):
+        pb.parse_cell("no-such-model:8")
