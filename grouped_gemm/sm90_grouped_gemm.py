@@ -159,6 +159,14 @@ SWAPPED_PRESET_ROWS = (1 / 256, 1 / 64, 1 / 16, 1 / 4, 8, 16, 32)
 # together, and the expert's next m-block reads the same weight tiles soon after)
 GROUPED_RASTER_MIN_ROWS = 128
 GROUPED_RASTER_GROUP_M = 8
+# GEMM1 (SINGLE units, DYNAMIC) up to GEMM1_EXPERT_GROUPED_MAX_ROWS rows per expert (docs/perf-notes-sm90.md v15):
+# EXPERT_GROUPED_M in groups of GROUPED_RASTER_GROUP_M with PaddingRows.SKIP. Each alone moves GEMM1 by -5..+8%
+# depending on the model; together they measured 0.95-1.00 at 64-512 rows per expert in two runs: a tail unit that
+# skips half its MMAs runs ahead of the m-blocks sharing its weight tile, and only the expert-grouped order keeps
+# those m-blocks' loads together in L2 anyway. At 1024+ rows per expert, where tails are a few % of the MMAs, they
+# measured 0.99-1.00 (one run) and the layer 1-2% slower (two A/B runs): the rule of GEMM2 applies there.
+GEMM1_RASTER = Raster.EXPERT_GROUPED_M
+GEMM1_EXPERT_GROUPED_MAX_ROWS = 512
 ALONG_N_MAX_ROWS = 512
 ALONG_N_MAX_N_BLOCKS = 32
 # Wide WEIGHTS_AS_M kernel (cute_swapped_backend.py): 128/256-row token tiles, wgmma N = valid rows rounded up
@@ -446,11 +454,17 @@ def default_overrides_tuning(problem: Sm90Problem, rows_per_expert: float | None
         Operands.WEIGHTS_AS_M)
 
 
-def default_padding_rows(problem: Sm90Problem, tile_m: int, consumers: Consumers = Consumers.COOPERATIVE) -> PaddingRows:
-    """SKIP for GEMM2 on 128-row COOPERATIVE tiles, MULTIPLY otherwise. Measured on the H200 (five presets,
-    T = 2048 / 8192 / 32768, results/wgmma-fence-h200-2026-11-29/): GEMM2 with SKIP 0.972x the time of
-    MULTIPLY (geomean of 15 cells, 13 faster), GEMM1 1.015x (its padding halves: deepseek-v3 T=8192 1.13x)."""
-    if problem.kind is GemmStage.GEMM2 and tile_m == 128 and consumers is Consumers.COOPERATIVE:
+def default_padding_rows(problem: Sm90Problem, tile_m: int, consumers: Consumers = Consumers.COOPERATIVE,
+                         raster: Raster | None = None) -> PaddingRows:
+    """SKIP on 128-row COOPERATIVE tiles for GEMM2, and for GEMM1 in the EXPERT_GROUPED_M raster; MULTIPLY otherwise.
+    Measured on the H200 (five presets, T = 2048 / 8192 / 32768):
+    - GEMM2 with SKIP 0.972x the time of MULTIPLY (geomean of 15 cells, 13 faster; results/wgmma-fence-h200-2026-11-29/);
+    - GEMM1 with SKIP in its default raster of before (ALONG_N / GROUPED_M): -5..+8% by model (deepseek-v3 T=8192
+      +7.5%: the tails run ahead of the m-blocks that share their weight tiles, DRAM reads +16%); in
+      EXPERT_GROUPED_M 0.953-1.003, geomean about 0.98 (results/expert-grouped-skip-h200-2026-12-01/)."""
+    if tile_m != 128 or consumers is not Consumers.COOPERATIVE:
+        return PaddingRows.MULTIPLY
+    if problem.kind is GemmStage.GEMM2 or raster is Raster.EXPERT_GROUPED_M:
         return PaddingRows.SKIP
     return PaddingRows.MULTIPLY
 
@@ -468,13 +482,15 @@ def default_epilogue_store(consumers: Consumers = Consumers.COOPERATIVE,
 
 
 def regular_schedule(work_unit: WorkUnit, rows_per_expert: float | None,
-                     scheduler: Scheduler | None = None, n_blocks: int | None = None) -> tuple[Scheduler, Raster]:
-    """(scheduler, raster) of the regular (TOKENS_AS_M) kernel for about `rows_per_expert` rows per expert
-    (None: unknown) on a GEMM of `n_blocks` n-blocks (None: unknown): DYNAMIC for SINGLE units, STATIC for PAIR
-    units (PAIR DYNAMIC runs; with its wgmma no longer serialized it ties SINGLE DYNAMIC,
-    results/wgmma-fence-h200-2026-11-29/). When DYNAMIC, GROUPED_M above GROUPED_RASTER_MIN_ROWS rows per expert,
-    except up to ALONG_N_MAX_ROWS rows on at most ALONG_N_MAX_N_BLOCKS n-blocks; else ALONG_N. An explicit
-    `scheduler` is kept.
+                     scheduler: Scheduler | None = None, n_blocks: int | None = None,
+                     stage: GemmStage | None = None) -> tuple[Scheduler, Raster]:
+    """(scheduler, raster) of the regular (TOKENS_AS_M) kernel of GEMM `stage` (None: GEMM2's rule) for about
+    `rows_per_expert` rows per expert (None: unknown) on a GEMM of `n_blocks` n-blocks (None: unknown): DYNAMIC for
+    SINGLE units, STATIC for PAIR units (PAIR DYNAMIC runs; with its wgmma no longer serialized it ties SINGLE
+    DYNAMIC, results/wgmma-fence-h200-2026-11-29/). When DYNAMIC with SINGLE units, GEMM1 takes GEMM1_RASTER
+    (EXPERT_GROUPED_M, with PaddingRows.SKIP: default_padding_rows) up to GEMM1_EXPERT_GROUPED_MAX_ROWS rows per
+    expert; otherwise GROUPED_M above GROUPED_RASTER_MIN_ROWS rows per expert (or for an unknown estimate), except up
+    to ALONG_N_MAX_ROWS rows on at most ALONG_N_MAX_N_BLOCKS n-blocks; else ALONG_N. An explicit `scheduler` is kept.
 
     The ALONG_N range, measured (results/padding-modes-h200-2026-12-01/): at 256-512 rows per expert on
     12-30 n-blocks ALONG_N ties GROUPED_M where A's padding rows hold activation-like values and is 1-8%
@@ -482,6 +498,9 @@ def regular_schedule(work_unit: WorkUnit, rows_per_expert: float | None,
     2-6%; with 112 n-blocks (mixtral-8x7b GEMM1) or 1024+ rows per expert GROUPED_M is 3-24% faster."""
     if scheduler is None:
         scheduler = Scheduler.STATIC if work_unit is WorkUnit.PAIR else Scheduler.DYNAMIC
+    if (stage is GemmStage.GEMM1 and scheduler is Scheduler.DYNAMIC and work_unit is WorkUnit.SINGLE
+            and rows_per_expert is not None and rows_per_expert <= GEMM1_EXPERT_GROUPED_MAX_ROWS):
+        return scheduler, GEMM1_RASTER
     few_n_blocks = n_blocks is not None and n_blocks <= ALONG_N_MAX_N_BLOCKS
     grouped = rows_per_expert is None or rows_per_expert > (ALONG_N_MAX_ROWS if few_n_blocks
                                                             else GROUPED_RASTER_MIN_ROWS)
@@ -499,8 +518,9 @@ def default_config(
     e.g. T * k / E) where wide_default measured best, the wide swapped-operand kernel; else at most
     SWAPPED_MAX_ROWS_PER_EXPERT, the swapped-operand decode kernel (swapped_config); otherwise (regular_config)
     128-row tiles with the widest N tile that divides N, SINGLE work units, and (scheduler None) DYNAMIC
-    scheduling with GROUPED_M raster above GROUPED_RASTER_MIN_ROWS rows per expert (or when the estimate is
-    unknown), ALONG_N at or below it. An explicit scheduler is kept (STATIC: ALONG_N raster).
+    scheduling in the raster of regular_schedule: GEMM1 EXPERT_GROUPED_M with PaddingRows.SKIP up to
+    GEMM1_EXPERT_GROUPED_MAX_ROWS rows per expert; else GROUPED_M above GROUPED_RASTER_MIN_ROWS rows per expert (or
+    when the estimate is unknown), ALONG_N at or below it. An explicit scheduler is kept (STATIC: ALONG_N raster).
 
     Measured on the H200 (v2-v3: qwen3-30b-a3b, T = 16..8192; v6: five models, T = 2048..32768, interleaved
     timing): 128x256 beats 128x128; ALONG_N beats ALONG_M by 15-25%; 64-row tiles lose even at decode sizes;
@@ -530,9 +550,11 @@ def regular_config(problem: Sm90Problem, scheduler: Scheduler | None = None, wor
     divisors = [t for t in (256, 192, 128, 64) if problem.n % t == 0]
     partial = sorted((256, 192, 128), key=lambda t: (-problem.n % t, -t))
     for tile_n in divisors or partial:
-        tile_scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler, -(-problem.n // tile_n))
+        tile_scheduler, raster = regular_schedule(work_unit, rows_per_expert, scheduler, -(-problem.n // tile_n),
+                                                  problem.kind)
         cfg = Sm90GemmConfig(tile_m=128, tile_n=tile_n, work_unit=work_unit, scheduler=tile_scheduler, raster=raster,
-                             raster_group_m=GROUPED_RASTER_GROUP_M, padding_rows=default_padding_rows(problem, 128),
+                             raster_group_m=GROUPED_RASTER_GROUP_M,
+                             padding_rows=default_padding_rows(problem, 128, raster=raster),
                              epilogue_store=default_epilogue_store())
         if can_implement(cfg, problem)[0]:
             return cfg
@@ -874,8 +896,8 @@ def sm90_grouped_gemm2(
 # ---------------------------------------------------------------------------------------------- presets
 def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
     """The kernels a model preset needs: GEMM1 and GEMM2, each as default_config picks it for every
-    rows-per-expert range (swapped decode kernels at SWAPPED_PRESET_ROWS, ALONG_N and GROUPED_M regular
-    kernels, and the choice for an unknown estimate), plus STATIC and PAIR alternatives (tuning, pinning), and
+    rows-per-expert range (swapped decode kernels at SWAPPED_PRESET_ROWS, ALONG_N, EXPERT_GROUPED_M and GROUPED_M
+    regular kernels, and the choice for an unknown estimate), plus STATIC and PAIR alternatives (tuning, pinning), and
     GEMM1's regular SINGLE kernels reading the token rows (ASource.TOKEN_ROWS)."""
     dtype = torch.bfloat16
     gemm1 = Sm90Problem(GemmStage.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts, dtype,

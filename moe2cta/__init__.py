@@ -11,7 +11,7 @@ units) and combine, behind one small API:
 
 Importing moe2cta needs neither a GPU nor the CuTe DSL: kernels are imported and built when first used.
 """
-from .api import BackendPlan, MoELayer, fused_moe, is_supported, route
+from .api import BackendPlan, MoELayer, auto_triton_max_tokens, fused_moe, is_supported, route
 from .config import Backend, Gemm1Input, IdCheck, MoEConfig
 from .grouped_gemm import Activation
 from .grouped_gemm.epilogue import W13Layout, pack_gate_up_rows, unpack_gate_up_rows
@@ -32,6 +32,7 @@ __all__ = [
     "RoutingConfig",
     "Scoring",
     "W13Layout",
+    "auto_triton_max_tokens",
     "fused_moe",
     "is_supported",
     "moe_forward_reference",

@@ -17,9 +17,9 @@ Backends (moe2cta.config.Backend):
   set and backend chosen explicitly (tests).
 - CUTE: Triton router + the CuTe DSL grouped GEMMs (sm90_grouped_gemm on sm_90, sm100_grouped_gemm on
   sm_100) on w13 prepacked once (MoELayer) for the fused activation.
-- AUTO: on sm_90 with both GPU backends supported, a BackendPlan: TRITON for batches of at most
-  AUTO_DECODE_MAX_ROWS_PER_EXPERT routed rows per expert (T * k / E_g), CUTE above, both reading one packed
-  copy of w13 (W13Layout.CHUNKED). Elsewhere TRITON if supported, else CUTE, else TORCH. Each step down is
+- AUTO: on sm_90 with both GPU backends supported, a BackendPlan: TRITON for batches of fewer tokens than the
+  token GEMVs take for the layer's expert size (auto_triton_max_tokens: 1-7 tokens for small experts, none for
+  mixtral-size ones), CUTE for every larger batch, both reading one packed copy of w13 (W13Layout.CHUNKED). Elsewhere TRITON if supported, else CUTE, else TORCH. Each step down is
   explained in `MoELayer.backend_reason`. An explicitly requested backend that cannot run the problem raises
   ValueError with is_supported's reason.
 
@@ -61,7 +61,7 @@ from .validation import (
     validate_moe,
 )
 
-__all__ = ["route", "fused_moe", "is_supported", "MoELayer", "BackendPlan", "AUTO_DECODE_MAX_ROWS_PER_EXPERT"]
+__all__ = ["route", "fused_moe", "is_supported", "MoELayer", "BackendPlan", "auto_triton_max_tokens"]
 
 # Limits of the Triton router kernels, used when router/routing_triton.py does not state its own.
 TRITON_ROUTER_MAX_EXPERTS = 512
@@ -74,28 +74,27 @@ CUTE_DIM_MULTIPLE = 64
 CUTE_ARCH_MODULES = {(9, 0): "sm90_grouped_gemm", (10, 0): "sm100_grouped_gemm"}
 CUTE_INTERMEDIATE_MULTIPLE = {(9, 0): 8, (10, 0): 64}
 CUTE_ALIGN_MULTIPLE = 128
-# AUTO on sm_90: batches with at most this many routed rows per expert (T * top_k / E_g) run TRITON, larger
-# ones CUTE. At or below it the Triton token GEMVs and grouped GEMMs are the faster decode path. Above it the sm90
-# family is ahead, the CuTe gathered copy of A included: layer runs on the H200 (serving_bench/results/
-# layer-h200-2026-11-29-v11.md) put CUTE ahead of TRITON at 64-128 rows per expert in 3 of 4 cells (deepseek-v3 /
-# gpt-oss / qwen3-235b T=2048: -3..-5%; qwen3-30b T=2048 +4%), and the wide swapped-operand kernel takes
-# mixtral-8x7b T=512 (128 rows; GEMMs -14% against TRITON's, results/wide-swapped-h200-2026-12-01/). The v8 run
-# had measured splits at 32 / 64 / 128 / 256 rows within the spread of each other (prefill 1.436 / 1.440 / 1.443 /
-# 1.443).
-AUTO_DECODE_MAX_ROWS_PER_EXPERT = 32
+# AUTO on sm_90 (auto_triton_max_tokens): TRITON only where its token GEMVs beat the CuTe decode kernels, CUTE for
+# every other batch. Measured on the H200 (serving_bench/results/auto-decode-h200-2026-12-01/, T = 1..32, two runs in
+# both orders): the token GEMVs win below their own token limit (qwen3-30b-a3b T <= 6 of 8: 0.74-0.98 of CUTE's time;
+# qwen3-235b-a22b T <= 3 of 4; deepseek-v3 and gpt-oss-120b T = 1 of 2) and tie or lose at it (0.96-1.00); above
+# it CUTE's swapped / wide decode kernels tie or beat Triton's grouped GEMMs (0.93-1.02 at T = 2..32; full grid v19 /
+# v20: gpt-oss T=512 -6..-7%, mixtral T=128 -3..-5%, qwen3-30b T=8 / 32 -3..-4%). Before, AUTO ran TRITON up to 32
+# rows per expert (layer v12).
 # Where AUTO splits by batch size: the CuTe family and the device kinds on which the split was measured.
 AUTO_SPLIT_CAPABILITIES = ((9, 0),)
 
 
 @dataclasses.dataclass(frozen=True)
 class BackendPlan:
-    """Which backend runs a batch of a layer: `decode` for batches of at most `decode_max_rows_per_expert`
-    routed rows per expert (T * top_k / E_g, a host-side count: no sync), `prefill` above. One backend for
-    every batch: decode == prefill (decode_max_rows_per_expert is then infinite)."""
+    """Which backend runs a batch of a layer: `decode` for batches of at most `decode_max_tokens` tokens and at
+    most `decode_max_rows_per_expert` routed rows per expert (T * top_k / E_g; both host-side counts: no sync),
+    `prefill` for the others. One backend for every batch: decode == prefill (both limits infinite)."""
 
     decode: Backend
     prefill: Backend
     decode_max_rows_per_expert: float = math.inf
+    decode_max_tokens: float = math.inf
 
     @classmethod
     def single(cls, backend: Backend) -> "BackendPlan":
@@ -107,7 +106,8 @@ class BackendPlan:
 
     def for_batch(self, num_tokens: int, top_k: int, num_global_experts: int) -> Backend:
         rows_per_expert = num_tokens * top_k / max(1, num_global_experts)
-        return self.decode if rows_per_expert <= self.decode_max_rows_per_expert else self.prefill
+        decode_sized = num_tokens <= self.decode_max_tokens and rows_per_expert <= self.decode_max_rows_per_expert
+        return self.decode if decode_sized else self.prefill
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -250,13 +250,34 @@ def _cute_family_support(module, dtype, hidden, intermediate, num_experts, confi
     return True, ""
 
 
-def _select_backend(requested: Backend, **facts) -> tuple[BackendPlan, str]:
+def auto_triton_max_tokens(expert_bytes: int, token_gemv_max_tokens: int | None = None) -> int:
+    """The largest batch (tokens) that AUTO runs on TRITON where it splits (sm_90): one token below the token GEMVs'
+    limit for experts of `expert_bytes` weight bytes (grouped_gemm.triton_token_gemv.TOKEN_GEMV_LIMITS; measured:
+    see the comment above BackendPlan), 0 where they take no batch; a layer's explicit token_gemv_max_tokens as
+    given."""
+    if token_gemv_max_tokens is not None:
+        return token_gemv_max_tokens
+    gemv, _ = _optional_module("grouped_gemm.triton_token_gemv")
+    if gemv is None:
+        return 0
+    limit = next((tokens for max_bytes, tokens in gemv.TOKEN_GEMV_LIMITS if expert_bytes <= max_bytes), 0)
+    return max(0, limit - 1)
+
+
+def _expert_bytes(hidden: int, intermediate: int, dtype: torch.dtype, biases: int = 0) -> int:
+    """Weight bytes of one expert (w13 + w2, plus `biases` bytes): what the token GEMVs' limits are set by."""
+    return 3 * hidden * intermediate * torch.empty((), dtype=dtype).element_size() + biases
+
+
+def _select_backend(requested: Backend, *, expert_bytes: int | None = None, token_gemv_max_tokens: int | None = None,
+                    **facts) -> tuple[BackendPlan, str]:
     """Resolve AUTO and explain; an explicit unsupported backend raises ValueError.
 
-    AUTO on sm_90 with both GPU backends supported: TRITON up to AUTO_DECODE_MAX_ROWS_PER_EXPERT rows per
-    expert, CUTE above (measured there, see the constant). Elsewhere TRITON -> CUTE -> TORCH, the first that
-    runs the layer: TRITON first because it is the faster layer at decode sizes, where serving spends most
-    steps, and sm_100 CuTe kernels have not been measured on a GPU.
+    AUTO on sm_90 with both GPU backends supported: TRITON for batches of at most auto_triton_max_tokens tokens
+    (`expert_bytes`: one expert's weight bytes, by default w13 + w2 from the facts; `token_gemv_max_tokens`: the
+    layer's explicit token-GEMV limit), CUTE above (measured there: see the comment above BackendPlan). Elsewhere
+    TRITON -> CUTE -> TORCH, the first that runs the layer: TRITON first because it is the faster layer at decode
+    sizes off sm_90's CuTe kernels, and sm_100 CuTe kernels have not been measured on a GPU.
     """
     if requested is not Backend.AUTO:
         ok, reason = _layer_support(requested, **facts)
@@ -277,9 +298,11 @@ def _select_backend(requested: Backend, **facts) -> tuple[BackendPlan, str]:
     if supported == [Backend.TRITON, Backend.CUTE] and (
             torch.cuda.get_device_capability(facts["device"]) in AUTO_SPLIT_CAPABILITIES) and (
             _layer_support(Backend.TRITON, **{**facts, "w13_layout": W13Layout.CHUNKED})[0]):  # the shared packed w13
-        plan = BackendPlan(Backend.TRITON, Backend.CUTE, AUTO_DECODE_MAX_ROWS_PER_EXPERT)
-        return plan, (f"auto -> triton up to {AUTO_DECODE_MAX_ROWS_PER_EXPERT} rows per expert (T * top_k / E), "
-                      "cute above; both on one packed w13")
+        if expert_bytes is None:
+            expert_bytes = _expert_bytes(facts["hidden"], facts["intermediate"], facts["dtype"])
+        most = auto_triton_max_tokens(expert_bytes, token_gemv_max_tokens)
+        plan = BackendPlan(Backend.TRITON, Backend.CUTE, decode_max_tokens=most)
+        return plan, (f"auto -> triton up to {most} tokens (its token GEMVs), cute above; both on one packed w13")
     if supported:
         return BackendPlan.single(supported[0]), "; ".join(skipped + [f"auto -> {supported[0].value}"])
     return BackendPlan.single(Backend.TORCH), "; ".join(skipped + ["auto -> torch"])
@@ -582,7 +605,8 @@ class MoELayer:
     routing may be None when the layer is only ever called with precomputed (topk_weights, topk_ids).
     token_gemv_max_tokens: which TRITON batches run the token GEMVs (no dispatch, no combine launch). None:
     where grouped_gemm.triton_token_gemv.token_gemv_applies (1-8 tokens, fewer for larger experts, none for
-    experts over 128 MB; measured on an H200); an int n: every batch of 1..n tokens; 0: never.
+    experts over 128 MB; measured on an H200); an int n: every batch of 1..n tokens; 0: never. Where AUTO splits
+    (sm_90), it also sets the largest TRITON batch: n tokens, or by default one below the token GEMVs' own limit.
     gemm1_input (Gemm1Input, CUTE batches): TOKEN_ROWS lets the sm_90 GEMM1 read the token rows itself where its
     regular kernel runs (no gather launch), GATHERED_COPY always gathers the rows into expert order first, AUTO
     takes TOKEN_ROWS where it was measured faster.
@@ -640,8 +664,17 @@ class MoELayer:
         )
         self.id_check = IdCheck.parse(id_check)
         self.gemm1_input = Gemm1Input.parse(gemm1_input)
+        if token_gemv_max_tokens is not None and (
+                isinstance(token_gemv_max_tokens, bool) or not isinstance(token_gemv_max_tokens, int)
+                or token_gemv_max_tokens < 0):
+            raise ValueError(f"token_gemv_max_tokens: expected an int >= 0 or None, got {token_gemv_max_tokens!r}")
+        self.token_gemv_max_tokens = token_gemv_max_tokens
+        biases = sum(b.shape[1] * b.element_size() for b in (b13, b2) if b is not None)
+        self._expert_bytes = _expert_bytes(hidden, intermediate, w13.dtype, biases)
         self.plan, self.backend_reason = _select_backend(
             Backend.parse(backend),
+            expert_bytes=self._expert_bytes,
+            token_gemv_max_tokens=token_gemv_max_tokens,
             dtype=w13.dtype,
             device=w13.device,
             hidden=hidden,
@@ -658,15 +691,8 @@ class MoELayer:
         else:
             raise TypeError(f"tuning_cache: expected a TuningCache, a path or None, got {type(tuning_cache).__name__}")
         self.prepared = _prepare_cute(self) if Backend.CUTE in self.plan.backends else {}
-        if token_gemv_max_tokens is not None and (
-                isinstance(token_gemv_max_tokens, bool) or not isinstance(token_gemv_max_tokens, int)
-                or token_gemv_max_tokens < 0):
-            raise ValueError(f"token_gemv_max_tokens: expected an int >= 0 or None, got {token_gemv_max_tokens!r}")
-        self.token_gemv_max_tokens = token_gemv_max_tokens
         self._token_gemv = (_optional_module("grouped_gemm.triton_token_gemv")[0]
                             if Backend.TRITON in self.plan.backends else None)
-        biases = sum(b.shape[1] * b.element_size() for b in (b13, b2) if b is not None)
-        self._expert_bytes = 3 * hidden * intermediate * w13.element_size() + biases
 
     def _runs_token_gemvs(self, num_tokens: int) -> bool:
         if self._token_gemv is None:
@@ -682,7 +708,7 @@ class MoELayer:
 
     @property
     def prefill_backend(self) -> Backend:
-        """The backend of batches above plan.decode_max_rows_per_expert routed rows per expert."""
+        """The backend of batches above the plan's decode limits (AUTO on sm_90: plan.decode_max_tokens)."""
         return self.plan.prefill
 
     def backend_for(self, num_tokens: int, top_k: int | None = None) -> Backend:
@@ -817,8 +843,9 @@ def fused_moe(
     if Backend.parse(backend) is Backend.AUTO:
         config = MoEConfig(routing, activation, router_weight_on, align)
         num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map)
+        biases = sum(b.shape[1] * b.element_size() for b in (b13, b2) if b is not None)
         plan, _ = _select_backend(
-            Backend.AUTO, dtype=w13.dtype, device=w13.device, hidden=hidden_size, intermediate=intermediate,
+            Backend.AUTO, expert_bytes=_expert_bytes(hidden_size, intermediate, w13.dtype, biases), dtype=w13.dtype, device=w13.device, hidden=hidden_size, intermediate=intermediate,
             num_experts=num_experts, num_global_experts=num_global, config=config,
             w13_layout=parse_w13_layout(w13_layout),
         )

@@ -814,11 +814,11 @@ def _family_objects(module, candidate: Candidate, problem: GemmProblem):
                                          has_bias=p.has_bias, has_row_scale=row_scale)
         # scheduler and raster as the family's default picks them for this problem's rows per expert
         scheduler, raster = module.regular_schedule(c.unit, sum(p.counts) / max(1, p.num_experts),
-                                                    n_blocks=-(-p.n // c.block_n))
+                                                    n_blocks=-(-p.n // c.block_n), stage=stage)
         config = module.Sm90GemmConfig(tile_m=c.rows_per_cta, tile_n=c.block_n, tile_k=c.block_k, stages=c.stages,
                                        work_unit=c.unit, pair_threshold=c.pair_threshold, scheduler=scheduler,
                                        raster=raster, raster_group_m=module.GROUPED_RASTER_GROUP_M,
-                                       padding_rows=module.default_padding_rows(fam_problem, c.rows_per_cta),
+                                       padding_rows=module.default_padding_rows(fam_problem, c.rows_per_cta, raster=raster),
                                        epilogue_store=module.default_epilogue_store())
         return config, fam_problem
     if c.rows_per_cta != module.ROWS_PER_CTA:

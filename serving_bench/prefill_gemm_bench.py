@@ -65,7 +65,7 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
     # 128-wide N tiles (twice the units: fewer idle SMs in the last wave where a GEMM has few); None where N is no
     # multiple of 128
     tile_n128 = rep(regular_cfg, tile_n=128, raster=s90.regular_schedule(
-        regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // 128))[1])
+        regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // 128), stage=problem.kind)[1])
     tile_n128 = tile_n128 if regular_cfg.tile_n != 128 and s90.can_implement(tile_n128, problem)[0] else None
     # GEMM1 on 256-wide tiles where N is no multiple of 256 (a partial last n-block; gpt-oss: 22.5 n-blocks against
     # 30 of 192); GEMM2 of that variant: the regular one's
@@ -74,7 +74,7 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         tail256 = regular_cfg
     elif problem.n % 256:
         tail256 = rep(regular_cfg, tile_n=256, raster=s90.regular_schedule(
-            regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // 256))[1])
+            regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // 256), stage=problem.kind)[1])
         tail256 = tail256 if s90.can_implement(tail256, problem)[0] else None
     after = s90.EpilogueStore.AFTER_MAINLOOP  # each tile stored right after its mainloop (the default until v13)
     act = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP  # GEMM1's activation math under the next mainloop too
@@ -95,6 +95,10 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "token_rows": token_rows if problem.kind is s90.GemmStage.GEMM1 else regular_cfg,
         # the regular (TOKENS_AS_M) kernel the layer would run for this many rows without the wide one
         "regular": regular_cfg,
+        # GEMM1 in the raster and padding-row mode of before v15 (ALONG_N / GROUPED_M, MULTIPLY); GEMM2 as regular
+        "previous_gemm1": rep(regular_cfg, raster=s90.regular_schedule(
+            regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // regular_cfg.tile_n))[1],
+            padding_rows=s90.PaddingRows.MULTIPLY) if problem.kind is s90.GemmStage.GEMM1 else regular_cfg,
         # the wide WEIGHTS_AS_M kernel (None where N fits no wide tile) and alternatives of it
         "wide": wide,
         "wide_step16": wide and rep(wide, token_step=16),
@@ -123,9 +127,24 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "expert_grouped4_dynamic": rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=4),
         "expert_grouped8_dynamic": rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=8),
         "expert_grouped16_dynamic": rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=16),
+        # weight sharing by construction with a tail's all-padding warpgroup idle (GEMM1 and GEMM2; GEMM2's default
+        # already skips), on the gathered copy and (GEMM1) on the token rows
+        "expert_grouped8_skip": rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=8,
+                                    padding_rows=s90.PaddingRows.SKIP),
+        "token_rows_expert_grouped8_skip": (token_rows and rep(token_rows, raster=EXPERT_GROUPED, raster_group_m=8,
+                                                               padding_rows=s90.PaddingRows.SKIP))
+        if problem.kind is s90.GemmStage.GEMM1 else rep(base, scheduler=DYN, raster=EXPERT_GROUPED, raster_group_m=8,
+                                                        padding_rows=s90.PaddingRows.SKIP),
         "pair_dynamic": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN),
         "pair_grouped4_dynamic": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN,
                                      raster=GROUPED, raster_group_m=4),
+        # PAIR units whose all-padding warpgroups skip their MMAs: the two CTAs of a cluster release each stage
+        # together, so a tail keeps its partner's pace (GEMM2's default already skips)
+        "pair_skip": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, padding_rows=s90.PaddingRows.SKIP),
+        "pair_dynamic_skip": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN,
+                                 padding_rows=s90.PaddingRows.SKIP),
+        "pair_grouped4_dynamic_skip": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN,
+                                          raster=GROUPED, raster_group_m=4, padding_rows=s90.PaddingRows.SKIP),
     }
 
 

@@ -251,6 +251,15 @@ def test_backend_plan_for_batch():
     assert plan.for_batch(2049, 8, 128) is Backend.CUTE
     single = moe2cta.BackendPlan.single(Backend.TRITON)
     assert single.backends == (Backend.TRITON,) and single.for_batch(10**6, 8, 1) is Backend.TRITON
+    by_tokens = moe2cta.BackendPlan(Backend.TRITON, Backend.CUTE, decode_max_tokens=3)  # AUTO's kind of split
+    assert [by_tokens.for_batch(t, 8, 128) for t in (0, 3, 4, 4096)] == [Backend.TRITON] * 2 + [Backend.CUTE] * 2
+    both = moe2cta.BackendPlan(Backend.TRITON, Backend.CUTE, 1, 100)  # a batch is decode-sized under both limits
+    assert [both.for_batch(t, 8, 128) for t in (16, 17, 100)] == [Backend.TRITON, Backend.CUTE, Backend.CUTE]
+    # AUTO's TRITON batches: below the token GEMVs' limit for the expert size (qwen3-30b-a3b 9.4 MB: 8 tokens;
+    # qwen3-235b-a22b 38 MB: 4; deepseek-v3 88 MB: 2; mixtral-8x7b 352 MB: none), or a layer's explicit limit
+    mb = 1 << 20
+    assert [moe2cta.auto_triton_max_tokens(b) for b in (9 * mb, 38 * mb, 88 * mb, 352 * mb)] == [7, 3, 1, 0]
+    assert moe2cta.auto_triton_max_tokens(352 * mb, token_gemv_max_tokens=5) == 5
     layer = make(4, 16, 8, 8, seed=13)
     moe = MoELayer(layer["w13"], layer["w2"], routing=RoutingConfig(top_k=2), backend="torch")
     assert moe.backend_for(4) is Backend.TORCH and moe.backend_for(4, top_k=3) is Backend.TORCH
@@ -275,9 +284,13 @@ def test_auto_splits_by_batch_size_where_measured(monkeypatch, capability, split
     facts = dict(dtype=torch.bfloat16, device=torch.device("cuda", 0), hidden=256, intermediate=128,
                  num_experts=16, num_global_experts=16, config=MoEConfig(RoutingConfig(top_k=4)))
     plan, reason = api._select_backend(Backend.AUTO, **facts)
-    if split:
-        assert plan == moe2cta.BackendPlan(Backend.TRITON, Backend.CUTE, api.AUTO_DECODE_MAX_ROWS_PER_EXPERT)
-        assert "cute above" in reason
+    if split:  # 256 x 128 experts: the token GEMVs' first row (8 tokens), so TRITON up to 7
+        assert plan == moe2cta.BackendPlan(Backend.TRITON, Backend.CUTE, decode_max_tokens=7)
+        assert "cute above" in reason and "up to 7 tokens" in reason
+        big, _ = api._select_backend(Backend.AUTO, expert_bytes=200 << 20, **facts)
+        assert big == moe2cta.BackendPlan(Backend.TRITON, Backend.CUTE, decode_max_tokens=0)
+        pinned, _ = api._select_backend(Backend.AUTO, token_gemv_max_tokens=2, **facts)
+        assert pinned.decode_max_tokens == 2
     else:
         assert plan == moe2cta.BackendPlan.single(Backend.TRITON) and reason == "auto -> triton"
     supported[Backend.TRITON] = False
@@ -577,16 +590,19 @@ def test_gpu_auto_splits_on_sm90():
         pytest.skip(reason)
     moe = MoELayer(layer["w13"], layer["w2"], routing=RoutingConfig(top_k=4))
     assert (moe.backend, moe.prefill_backend) == (Backend.TRITON, Backend.CUTE), moe.backend_reason
-    limit = moe2cta.api.AUTO_DECODE_MAX_ROWS_PER_EXPERT * 16 // 4  # tokens at the limit (16 experts, top 4)
+    limit = moe2cta.auto_triton_max_tokens(moe._expert_bytes)  # 256 x 128 experts: 7 tokens
+    assert limit == 7 and moe.plan.decode_max_tokens == limit
     assert moe.backend_for(limit) is Backend.TRITON and moe.backend_for(limit + 1) is Backend.CUTE
     assert "packed_w13" in moe.prepared
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("backend,num_tokens", [("triton", 64), ("cute", 64), ("auto", 64), ("auto", 1024)])
+@pytest.mark.parametrize("backend,num_tokens", [("triton", 64), ("cute", 64), ("auto", 4), ("auto", 64),
+                                                ("auto", 1024)])
 def test_gpu_hot_path_has_no_host_sync_and_replays_in_a_graph(backend, num_tokens):
-    """auto: 64 tokens (16 rows per expert) run TRITON, 1024 (256 rows per expert) CUTE where AUTO splits."""
+    """auto: 4 tokens run TRITON (its token GEMVs), 64 (16 rows per expert: the swapped decode kernels) and 1024 (256
+    rows per expert) CUTE where AUTO splits."""
     layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=21)
     routing = RoutingConfig(top_k=4)
     ok, reason = is_supported(backend, layer["hidden"], layer["w13"], layer["w2"], routing=routing)

@@ -467,6 +467,20 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                     ("token_rows", "token_rows_store_after", "activation_under", "token_rows_activation_under",
                      "tile_n256_tail")
                     if problem.kind is s90.GemmStage.GEMM2 else ())
+                # variants that name another's kernel: GEMM1's default is expert-grouped with SKIP (v15); GEMM2's
+                # default already skips, so its *_skip variants are the plain ones
+                # (GEMM1 above GEMM1_EXPERT_GROUPED_MAX_ROWS: GROUPED_M 8 with MULTIPLY, as before v15)
+                expert_grouped = rows <= s90.GEMM1_EXPERT_GROUPED_MAX_ROWS
+                same = (({"expert_grouped8_skip": "regular", "token_rows_expert_grouped8_skip": "token_rows",
+                          "padding_flip": "expert_grouped8_dynamic", "previous_gemm1": "dynamic"} if expert_grouped
+                         else {"previous_gemm1": "regular", "grouped8_dynamic": "regular"})
+                        if problem.kind is s90.GemmStage.GEMM1 else
+                        {"expert_grouped8_skip": "expert_grouped8_dynamic", "pair_skip": "pair",
+                         "token_rows_expert_grouped8_skip": "expert_grouped8_dynamic", "previous_gemm1": "regular",
+                         "pair_dynamic_skip": "pair_dynamic", "pair_grouped4_dynamic_skip": "pair_grouped4_dynamic"})
+                for name, twin in same.items():
+                    assert variants[name] == variants[twin], (preset.name, problem.kind, name)
+                aliases += tuple(same)
                 assert variants["store_after"] == dataclasses.replace(
                     variants["regular"], epilogue_store=s90.EpilogueStore.AFTER_MAINLOOP)
                 if problem.kind is s90.GemmStage.GEMM1:
@@ -475,9 +489,14 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                 stems = [s90.kernel_key(c, problem).file_stem() for n, c in variants.items()
                          if n not in aliases and c is not None]
                 assert len(set(stems)) == len(stems), (preset.name, problem.kind)
-                # the regular choice is one of the alternatives (64 rows: DYNAMIC ALONG_N, 1024: GROUPED_M 8), and
-                # the layer's choice is it or the wide kernel (few experts at 64 rows: mixtral)
-                assert variants["regular"] == variants["dynamic" if rows == 64 else "grouped8_dynamic"]
+                # the regular choice is one of the alternatives (GEMM2 at 64 rows: DYNAMIC ALONG_N, at 1024: GROUPED_M
+                # 8; GEMM1: expert-grouped with SKIP), and the layer's choice is it or the wide kernel (few experts at
+                # 64 rows: mixtral)
+                if problem.kind is s90.GemmStage.GEMM2 or not expert_grouped:
+                    assert variants["regular"] == variants["dynamic" if rows == 64 else "grouped8_dynamic"]
+                else:
+                    assert (variants["regular"].raster, variants["regular"].padding_rows) == (
+                        s90.Raster.EXPERT_GROUPED_M, s90.PaddingRows.SKIP)
                 wide_default = problem.num_experts <= s90.WIDE_MAX_EXPERTS and rows == 64
                 assert variants["default"] == (variants["wide"] if wide_default else variants["regular"])
 

@@ -190,9 +190,16 @@ def test_every_preset_has_configs():
         assert {p.kind for _, p in wide} == {G1, G2}
         regular = {(p.kind, c.scheduler, c.raster, c.work_unit) for c, p in configs if c.operands is s90.Operands.TOKENS_AS_M}
         S, D, N, GM = s90.Scheduler.STATIC, s90.Scheduler.DYNAMIC, s90.Raster.ALONG_N, s90.Raster.GROUPED_M
-        # per GEMM: the defaults for <= 128 and > 128 rows per expert, STATIC and PAIR alternatives
-        assert regular == {(kind, *v) for kind in (G1, G2) for v in
-                           ((D, N, WorkUnit.SINGLE), (D, GM, WorkUnit.SINGLE), (S, N, WorkUnit.SINGLE), (S, N, WorkUnit.PAIR))}
+        EG = s90.Raster.EXPERT_GROUPED_M
+        # per GEMM: the defaults (GEMM1: up to and above GEMM1_EXPERT_GROUPED_MAX_ROWS rows per expert; GEMM2: <= 128
+        # and > 128), STATIC and PAIR alternatives
+        alternatives = ((S, N, WorkUnit.SINGLE), (S, N, WorkUnit.PAIR))
+        assert regular == ({(G1, *v) for v in ((D, EG, WorkUnit.SINGLE), (D, GM, WorkUnit.SINGLE)) + alternatives}
+                           | {(G2, *v) for v in ((D, N, WorkUnit.SINGLE), (D, GM, WorkUnit.SINGLE)) + alternatives})
+        for cfg, problem in configs:  # GEMM1's expert-grouped default skips its all-padding warpgroups
+            if cfg.operands is s90.Operands.TOKENS_AS_M and cfg.tile_m == 128 and (
+                    problem.kind is G2 or cfg.raster is EG):
+                assert cfg.padding_rows is s90.PaddingRows.SKIP, (cfg, problem)
         for kind in (G1, G2):  # the decode kernels of both GEMMs, every token tile
             assert {cfg.tile_m for cfg, p in configs if p.kind is kind and cfg in swapped} == {16, 32, 64}
         for cfg, problem in configs:
@@ -298,10 +305,31 @@ def test_default_config_by_rows_per_expert():
         along_n = s90.default_config(p2, rows_per_expert=rows)
         assert (along_n.operands, along_n.scheduler, along_n.raster) == (
             s90.Operands.TOKENS_AS_M, s90.Scheduler.DYNAMIC, s90.Raster.ALONG_N), rows
-    for problem, rows in ((p2, s90.ALONG_N_MAX_ROWS + 1), (p2, None), (mixtral1, 256), (mixtral1, 512)):
+    for problem, rows in ((p2, s90.ALONG_N_MAX_ROWS + 1), (p2, None)):
         grouped = s90.default_config(problem, rows_per_expert=rows)
         assert (grouped.scheduler, grouped.raster, grouped.raster_group_m) == (
             s90.Scheduler.DYNAMIC, s90.Raster.GROUPED_M, s90.GROUPED_RASTER_GROUP_M), (problem, rows)
+    # GEMM1 (v15): EXPERT_GROUPED_M with SKIP where the regular kernel runs DYNAMIC SINGLE units on at most
+    # GEMM1_EXPERT_GROUPED_MAX_ROWS rows per expert, on few n-blocks (p1: 6) and many (mixtral1: 112); above it and for
+    # an unknown estimate GEMM2's rule (GROUPED_M, MULTIPLY); an explicit STATIC scheduler or PAIR units keep ALONG_N
+    # and MULTIPLY
+    top = s90.GEMM1_EXPERT_GROUPED_MAX_ROWS
+    for problem, rows in ((p1, s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1), (p1, 256), (p1, top), (mixtral1, 256),
+                          (mixtral1, top)):
+        g1 = s90.default_config(problem, rows_per_expert=rows)
+        assert (g1.operands, g1.scheduler, g1.raster, g1.raster_group_m, g1.padding_rows) == (
+            s90.Operands.TOKENS_AS_M, s90.Scheduler.DYNAMIC, s90.Raster.EXPERT_GROUPED_M, s90.GROUPED_RASTER_GROUP_M,
+            s90.PaddingRows.SKIP), (problem, rows)
+        assert s90.can_implement(g1, problem) == (True, "")
+    for problem, rows in ((p1, top + 1), (p1, 4096), (p1, None), (mixtral1, top + 1), (mixtral1, None)):
+        g1 = s90.default_config(problem, rows_per_expert=rows)
+        assert (g1.scheduler, g1.raster, g1.padding_rows) == (
+            s90.Scheduler.DYNAMIC, s90.Raster.GROUPED_M, s90.PaddingRows.MULTIPLY), (problem, rows)
+    for g1 in (s90.default_config(p1, s90.Scheduler.STATIC, rows_per_expert=256),
+               s90.default_config(p1, work_unit=WorkUnit.PAIR, rows_per_expert=256)):
+        assert (g1.raster, g1.padding_rows) == (s90.Raster.ALONG_N, s90.PaddingRows.MULTIPLY), g1
+    assert s90.regular_schedule(WorkUnit.SINGLE, 256, n_blocks=6, stage=G1)[1] is s90.Raster.EXPERT_GROUPED_M
+    assert s90.regular_schedule(WorkUnit.SINGLE, 256, n_blocks=6, stage=G2)[1] is s90.Raster.ALONG_N
     assert s90.regular_schedule(WorkUnit.SINGLE, 256, n_blocks=s90.ALONG_N_MAX_N_BLOCKS + 1)[1] is s90.Raster.GROUPED_M
     assert s90.regular_schedule(WorkUnit.SINGLE, 256, n_blocks=s90.ALONG_N_MAX_N_BLOCKS)[1] is s90.Raster.ALONG_N
     # an explicit STATIC scheduler keeps ALONG_N; PAIR units run STATIC by default (measured: see regular_schedule)
@@ -591,12 +619,14 @@ def test_token_rows_limits_and_key():
     assert tr is not None and tr.a_source is s90.ASource.TOKEN_ROWS and s90.can_implement(tr, p1) == (True, "")
     assert tr == dataclasses.replace(s90.regular_config(p1, rows_per_expert=256.0), a_source=s90.ASource.TOKEN_ROWS)
     copy = dataclasses.replace(tr, a_source=s90.ASource.EXPERT_ORDER_COPY)
-    stem = s90.kernel_key(tr, p1).file_stem()
-    assert "_a-sourcetoken-rows" in stem and stem.replace("_a-sourcetoken-rows", "") == s90.kernel_key(copy, p1).file_stem()
+    key, copy_key = s90.kernel_key(tr, p1), s90.kernel_key(copy, p1)
+    assert ("a_source", "token_rows") in key.extra and key != copy_key
+    assert [x for x in key.extra if x != ("a_source", "token_rows")] == list(copy_key.extra)
+    along_n = dataclasses.replace(tr, raster=s90.Raster.ALONG_N, padding_rows=s90.PaddingRows.MULTIPLY)
     bad = [
-        (dataclasses.replace(tr, work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.STATIC), p1, "SINGLE"),
-        (dataclasses.replace(tr, tile_n=128, consumers=s90.Consumers.PINGPONG), p1, "COOPERATIVE"),
-        (dataclasses.replace(tr, tile_m=16, tile_n=128, raster=s90.Raster.ALONG_N, operands=s90.Operands.WEIGHTS_AS_M,
+        (dataclasses.replace(along_n, work_unit=WorkUnit.PAIR, scheduler=s90.Scheduler.STATIC), p1, "SINGLE"),
+        (dataclasses.replace(along_n, tile_n=128, consumers=s90.Consumers.PINGPONG), p1, "COOPERATIVE"),
+        (dataclasses.replace(along_n, tile_m=16, tile_n=128, operands=s90.Operands.WEIGHTS_AS_M,
                              scheduler=s90.Scheduler.STATIC), p1, "TOKENS_AS_M"),
         (dataclasses.replace(tr, tile_k=32), p1, "tile_k"),
         (tr, s90.Sm90Problem(G1, 1536, 2056, 128, torch.bfloat16, Activation.SWIGLU), "dividing k"),

@@ -196,9 +196,10 @@ def test_kernel_configs_for_layer_tuned_vs_default(tmp_path):
     cache.save()
     cache = tuning.TuningCache(tmp_path / "layer.json")  # round trip through the file
     g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", num_tokens=8192, cache=cache, gpu="NVIDIA H200", **dims)
-    # the tuned tile with the family's schedule for 512 rows per expert on 12 n-blocks (DYNAMIC, ALONG_N)
+    # the tuned tile with the family's GEMM1 schedule (DYNAMIC, EXPERT_GROUPED_M; SKIP only on 128-row tiles)
     assert g1 == s90.Sm90GemmConfig(tile_m=64, tile_n=128, tile_k=64, stages=6, work_unit=WorkUnit.SINGLE, pair_threshold=0,
-                                    scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.ALONG_N,
+                                    scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.EXPERT_GROUPED_M,
+                                    raster_group_m=s90.GROUPED_RASTER_GROUP_M, padding_rows=s90.PaddingRows.MULTIPLY,
                                     epilogue_store=s90.EpilogueStore.UNDER_NEXT_MAINLOOP)
     assert g2 is None and source == "gemm1 tuned (bucket 512); gemm2 default (bucket 512 not tuned)"
     # another GPU's or another bucket's entries are not used
