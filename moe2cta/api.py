@@ -96,6 +96,15 @@ class BackendPlan:
     decode_max_rows_per_expert: float = math.inf
     decode_max_tokens: float = math.inf
 
+    def __post_init__(self):
+        for name in ("decode", "prefill"):
+            if not isinstance(getattr(self, name), Backend):
+                raise TypeError(f"{name}: expected a Backend, got {getattr(self, name)!r}")
+        for name in ("decode_max_rows_per_expert", "decode_max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name}: expected a number >= 0 (math.inf: no limit), got {value!r}")
+
     @classmethod
     def single(cls, backend: Backend) -> "BackendPlan":
         return cls(backend, backend)
@@ -255,7 +264,12 @@ def auto_triton_max_tokens(expert_bytes: int, token_gemv_max_tokens: int | None 
     limit for experts of `expert_bytes` weight bytes (grouped_gemm.triton_token_gemv.TOKEN_GEMV_LIMITS; measured:
     see the comment above BackendPlan), 0 where they take no batch; a layer's explicit token_gemv_max_tokens as
     given."""
+    if isinstance(expert_bytes, bool) or not isinstance(expert_bytes, int) or expert_bytes < 0:
+        raise ValueError(f"expert_bytes: expected an int >= 0 (one expert's weight bytes), got {expert_bytes!r}")
     if token_gemv_max_tokens is not None:
+        if isinstance(token_gemv_max_tokens, bool) or not isinstance(token_gemv_max_tokens, int) or (
+                token_gemv_max_tokens < 0):
+            raise ValueError(f"token_gemv_max_tokens: expected an int >= 0 or None, got {token_gemv_max_tokens!r}")
         return token_gemv_max_tokens
     gemv, _ = _optional_module("grouped_gemm.triton_token_gemv")
     if gemv is None:
@@ -266,7 +280,7 @@ def auto_triton_max_tokens(expert_bytes: int, token_gemv_max_tokens: int | None 
 
 def _expert_bytes(hidden: int, intermediate: int, dtype: torch.dtype, biases: int = 0) -> int:
     """Weight bytes of one expert (w13 + w2, plus `biases` bytes): what the token GEMVs' limits are set by."""
-    return 3 * hidden * intermediate * torch.empty((), dtype=dtype).element_size() + biases
+    return 3 * hidden * intermediate * dtype.itemsize + biases
 
 
 def _select_backend(requested: Backend, *, expert_bytes: int | None = None, token_gemv_max_tokens: int | None = None,

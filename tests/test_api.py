@@ -260,6 +260,16 @@ def test_backend_plan_for_batch():
     mb = 1 << 20
     assert [moe2cta.auto_triton_max_tokens(b) for b in (9 * mb, 38 * mb, 88 * mb, 352 * mb)] == [7, 3, 1, 0]
     assert moe2cta.auto_triton_max_tokens(352 * mb, token_gemv_max_tokens=5) == 5
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="^expert_bytes"):
+            moe2cta.auto_triton_max_tokens(bad)
+        with pytest.raises(ValueError, match="^token_gemv_max_tokens"):
+            moe2cta.auto_triton_max_tokens(mb, token_gemv_max_tokens=bad)
+    with pytest.raises(TypeError, match="^prefill: expected a Backend"):
+        moe2cta.BackendPlan(Backend.TRITON, "cute")
+    for field in ("decode_max_rows_per_expert", "decode_max_tokens"):
+        with pytest.raises(ValueError, match=f"^{field}: expected a number >= 0"):
+            moe2cta.BackendPlan(Backend.TRITON, Backend.CUTE, **{field: -1})
     layer = make(4, 16, 8, 8, seed=13)
     moe = MoELayer(layer["w13"], layer["w2"], routing=RoutingConfig(top_k=2), backend="torch")
     assert moe.backend_for(4) is Backend.TORCH and moe.backend_for(4, top_k=3) is Backend.TORCH
