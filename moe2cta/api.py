@@ -19,9 +19,9 @@ Backends (moe2cta.config.Backend):
   sm_100) on w13 prepacked once (MoELayer) for the fused activation.
 - AUTO: on sm_90 with both GPU backends supported, a BackendPlan: TRITON for batches of fewer tokens than the
   token GEMVs take for the layer's expert size (auto_triton_max_tokens: 1-7 tokens for small experts, none for
-  mixtral-size ones), CUTE for every larger batch, both reading one packed copy of w13 (W13Layout.CHUNKED). Elsewhere TRITON if supported, else CUTE, else TORCH. Each step down is
-  explained in `MoELayer.backend_reason`. An explicitly requested backend that cannot run the problem raises
-  ValueError with is_supported's reason.
+  mixtral-size ones), CUTE for every larger batch, both reading one packed copy of w13 (W13Layout.CHUNKED).
+  Elsewhere TRITON if supported, else CUTE, else TORCH. Each step down is explained in `MoELayer.backend_reason`.
+  An explicitly requested backend that cannot run the problem raises ValueError with is_supported's reason.
 
 Hot path: for TRITON / CUTE on CUDA, fused_moe and MoELayer.__call__ do no host sync: validation reads
 shapes, dtypes and devices only (IdCheck.AUTO skips the value range check of topk_ids there), and every
@@ -278,9 +278,11 @@ def auto_triton_max_tokens(expert_bytes: int, token_gemv_max_tokens: int | None 
     return max(0, limit - 1)
 
 
-def _expert_bytes(hidden: int, intermediate: int, dtype: torch.dtype, biases: int = 0) -> int:
-    """Weight bytes of one expert (w13 + w2, plus `biases` bytes): what the token GEMVs' limits are set by."""
-    return 3 * hidden * intermediate * dtype.itemsize + biases
+def _expert_bytes(hidden: int, intermediate: int, dtype: torch.dtype, biases=()) -> int:
+    """Weight bytes of one expert (w13 + w2, plus one row of each bias tensor in `biases`, None entries skipped):
+    what the token GEMVs' limits are set by."""
+    return 3 * hidden * intermediate * dtype.itemsize + sum(b.shape[1] * b.element_size() for b in biases
+                                                            if b is not None)
 
 
 def _select_backend(requested: Backend, *, expert_bytes: int | None = None, token_gemv_max_tokens: int | None = None,
@@ -683,8 +685,7 @@ class MoELayer:
                 or token_gemv_max_tokens < 0):
             raise ValueError(f"token_gemv_max_tokens: expected an int >= 0 or None, got {token_gemv_max_tokens!r}")
         self.token_gemv_max_tokens = token_gemv_max_tokens
-        biases = sum(b.shape[1] * b.element_size() for b in (b13, b2) if b is not None)
-        self._expert_bytes = _expert_bytes(hidden, intermediate, w13.dtype, biases)
+        self._expert_bytes = _expert_bytes(hidden, intermediate, w13.dtype, (b13, b2))
         self.plan, self.backend_reason = _select_backend(
             Backend.parse(backend),
             expert_bytes=self._expert_bytes,
@@ -857,9 +858,9 @@ def fused_moe(
     if Backend.parse(backend) is Backend.AUTO:
         config = MoEConfig(routing, activation, router_weight_on, align)
         num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map)
-        biases = sum(b.shape[1] * b.element_size() for b in (b13, b2) if b is not None)
         plan, _ = _select_backend(
-            Backend.AUTO, expert_bytes=_expert_bytes(hidden_size, intermediate, w13.dtype, biases), dtype=w13.dtype, device=w13.device, hidden=hidden_size, intermediate=intermediate,
+            Backend.AUTO, expert_bytes=_expert_bytes(hidden_size, intermediate, w13.dtype, (b13, b2)),
+            dtype=w13.dtype, device=w13.device, hidden=hidden_size, intermediate=intermediate,
             num_experts=num_experts, num_global_experts=num_global, config=config,
             w13_layout=parse_w13_layout(w13_layout),
         )

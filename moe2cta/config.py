@@ -44,8 +44,8 @@ def _parse_enum(enum_cls, value, argument: str):
 class Backend(enum.Enum):
     """Which implementation runs the layer.
 
-    AUTO: on sm_90 with both GPU backends supported, TRITON for decode-sized batches and CUTE for larger
-    ones (moe2cta.api.BackendPlan); elsewhere TRITON on CUDA, else CUTE, else TORCH. The reason for each
+    AUTO: on sm_90 with both GPU backends supported, TRITON for the few-token batches its token GEMVs win and
+    CUTE for larger ones (moe2cta.api.BackendPlan, auto_triton_max_tokens); elsewhere TRITON on CUDA, else CUTE, else TORCH. The reason for each
     step down is recorded (MoELayer.backend_reason). TORCH: the torch twins of every stage (any
     device, the reference pipeline). TRITON: Triton router + Triton grouped GEMMs (CUDA; on CPU only under
     TRITON_INTERPRET=1, for tests). CUTE: Triton router + CuTe DSL grouped GEMMs (sm_90a / sm_100a).

@@ -56,7 +56,7 @@ def check_variants():
     SKIP = s90.PaddingRows.SKIP
     UNDER = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
     ACT = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP
-    EG, EG_DYN = s90.Raster.EXPERT_GROUPED_M, s90.Scheduler.DYNAMIC
+    EG, DYN = s90.Raster.EXPERT_GROUPED_M, s90.Scheduler.DYNAMIC
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
     single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
     dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
@@ -189,17 +189,17 @@ def check_variants():
                                                             padding_rows=SKIP, epilogue_store=UNDER), p2_n384),
         # GEMM1's default since v15: EXPERT_GROUPED_M with SKIP and the store under the next mainloop, on the gathered
         # copy and the token rows, with bias, fp16, a partial n-block, and tiles of at most 3 valid rows
-        ("g1_swiglu_expert_grouped3_skip_n256_dynamic_many", Cfg(scheduler=EG_DYN, raster=EG, raster_group_m=3,
+        ("g1_swiglu_expert_grouped3_skip_n256_dynamic_many", Cfg(scheduler=DYN, raster=EG, raster_group_m=3,
                                                                 padding_rows=SKIP, epilogue_store=UNDER), p1_n512),
-        ("g1_oai_bias_expert_grouped2_skip_dynamic", Cfg(tile_n=128, scheduler=EG_DYN, raster=EG, raster_group_m=2,
+        ("g1_oai_bias_expert_grouped2_skip_dynamic", Cfg(tile_n=128, scheduler=DYN, raster=EG, raster_group_m=2,
                                                          padding_rows=SKIP, epilogue_store=UNDER), p1_oai),
         ("g1_swiglu_expert_grouped8_skip_token_rows_n256_dynamic_many", Cfg(
-            scheduler=EG_DYN, raster=EG, raster_group_m=8, padding_rows=SKIP, a_source=TOKEN_ROWS,
+            scheduler=DYN, raster=EG, raster_group_m=8, padding_rows=SKIP, a_source=TOKEN_ROWS,
             epilogue_store=UNDER), p1_n512),
-        ("g1_swiglu_expert_grouped3_skip_fp16_dynamic_many", Cfg(tile_n=128, scheduler=EG_DYN, raster=EG,
+        ("g1_swiglu_expert_grouped3_skip_fp16_dynamic_many", Cfg(tile_n=128, scheduler=DYN, raster=EG,
                                                                 raster_group_m=3, padding_rows=SKIP,
                                                                 epilogue_store=UNDER), p1_fp16),
-        ("g1_gelu_expert_grouped8_skip_n256_tail_dynamic_decode", Cfg(tile_n=256, scheduler=EG_DYN, raster=EG,
+        ("g1_gelu_expert_grouped8_skip_n256_tail_dynamic_decode", Cfg(tile_n=256, scheduler=DYN, raster=EG,
                                                                      raster_group_m=8, padding_rows=SKIP,
                                                                      epilogue_store=UNDER), p1_gelu),
     ]
