@@ -6,10 +6,13 @@
         depend on the token count, so buckets share them and each is built once. The preset's default
         kernels (moe2cta.aot) are built too, so DIR also serves the untuned layer.
     moe2cta tune run --model qwen3-30b-a3b --arch sm_90a [--kernel-dir DIR] [--cache PATH] [--json OUT]
+                     [--rows equal|routed]
         (needs a GPU and the bundle, not the DSL) runs each candidate once against the torch twin (a wrong
         kernel is reported, never cached), times the right ones, writes the fastest per bucket into the
         tuning cache (--cache, else $MOE2CTA_TUNING_CACHE, else ~/.cache/moe2cta/tuning.json) and prints one
-        table per GEMM. Refuses inside CUDA-graph capture.
+        table per GEMM. Refuses inside CUDA-graph capture. --rows routed times each bucket on counts spread as
+        uniform routing spreads them (tuning.BucketRows: partial row blocks and padding, as real batches have);
+        the candidates, and so the bundle, are the same as for equal rows.
     --model custom:H,I,E,k[,ACTIVATION[,bias]] names a layer of that shape (SwiGLU by default; as in moe2cta.aot).
 
 Use the same --buckets and --top for both steps (a kernel missing from the bundle is reported as failed).
@@ -145,8 +148,10 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run(model: str, arch: str, *, kernel_dir=None, cache_path=None, buckets=DEFAULT_BUCKETS, top: int = DEFAULT_TOP,
-        runner=None, timer=None, gpu: str | None = None, log=None) -> tuple[list[dict], "tuning.TuningCache"]:
-    """Autotune both GEMMs of `model` over `buckets`; returns (table rows, the saved cache).
+        runner=None, timer=None, gpu: str | None = None, log=None,
+        rows: "tuning.BucketRows | str" = "equal") -> tuple[list[dict], "tuning.TuningCache"]:
+    """Autotune both GEMMs of `model` over `buckets`, timed on `rows` (tuning.BucketRows); returns (table rows, the
+    saved cache).
 
     runner/timer/gpu: stand-ins for tests (default: tuning.cute_runner with its twin check, batched CUDA
     events, the current device's name). The runner's `.check` (when it has one) gates every candidate.
@@ -155,6 +160,7 @@ def run(model: str, arch: str, *, kernel_dir=None, cache_path=None, buckets=DEFA
     arch_enum = Arch.parse(arch)
     if arch_enum is not Arch.SM90:
         raise ValueError(f"arch: `moe2cta tune` supports {ARCHES}, got {arch!r}")
+    rows_mode = tuning.BucketRows.parse(rows)
     tuning._check_not_capturing()
     if runner is None:
         runner = tuning.cute_runner(align=128, kernel_directory=kernel_dir)  # MoELayer's dispatch alignment
@@ -167,17 +173,18 @@ def run(model: str, arch: str, *, kernel_dir=None, cache_path=None, buckets=DEFA
             raise RuntimeError("run: no CUDA device (the run step times kernels on the GPU; `build` needs none)")
         gpu = torch.cuda.get_device_name()
     cache = tuning.TuningCache(cache_path)
-    rows = []
+    table = []
     for kind, n, k, fields in gemm_shapes(preset):
         key = tuning.TuningKey(gpu, "bfloat16", preset.num_experts, n, k, tuning.epilogue_name(kind, **fields), 1)
         trials: list = []
         results = tuning.autotune(key, kind, arch_enum, runner, buckets=buckets, top=top, timer=timer, cache=cache,
-                                  save=False, log=log, check=getattr(runner, "check", None), trials=trials, **fields)
+                                  save=False, log=log, check=getattr(runner, "check", None), trials=trials,
+                                  rows=rows_mode, **fields)
         for bucket in buckets:
-            rows.append(_row(kind.value, bucket, [t for t in trials if t.bucket == bucket], results.get(bucket)))
+            table.append(_row(kind.value, bucket, [t for t in trials if t.bucket == bucket], results.get(bucket)))
     if len(cache):
         cache.save()
-    return rows, cache
+    return table, cache
 
 
 def main(argv=None) -> int:
@@ -198,6 +205,9 @@ def main(argv=None) -> int:
             p.add_argument("--cache", help="tuning cache file (default: $MOE2CTA_TUNING_CACHE, else ~/.cache/moe2cta/tuning.json)")
             p.add_argument("--json", help="also write the table rows as JSON here")
             p.add_argument("--verbose", action="store_true", help="print every candidate as it is timed")
+            p.add_argument("--rows", choices=[m.value for m in tuning.BucketRows], default="equal",
+                           help="how each bucket's rows spread over the experts: equal (default) or routed "
+                                "(uniform routing's spread: partial row blocks and padding as real batches have)")
     args = parser.parse_args(argv)
     for b in args.buckets:
         if b not in tuning.BUCKETS:
@@ -212,7 +222,7 @@ def main(argv=None) -> int:
             return 0
         log = (lambda line: print(line, flush=True)) if args.verbose else None
         rows, cache = run(args.model, args.arch, kernel_dir=args.kernel_dir, cache_path=args.cache,
-                          buckets=tuple(args.buckets), top=args.top, log=log)
+                          buckets=tuple(args.buckets), top=args.top, log=log, rows=args.rows)
     except (RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -225,7 +235,8 @@ def main(argv=None) -> int:
     print(f"cache: {cache.path} ({len(cache)} entries); {time.time() - start:.1f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "arch": args.arch, "cache": str(cache.path), "rows": rows}, f, indent=1)
+            json.dump({"model": args.model, "arch": args.arch, "bucket_rows": args.rows, "cache": str(cache.path),
+                       "rows": rows}, f, indent=1)
     return 0  # wrong kernels are printed above (and in --json), not an error of the tuning run
 
 

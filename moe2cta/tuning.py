@@ -7,13 +7,15 @@ so nothing here needs a GPU unless `autotune` is called.
 Buckets. Kernels are compiled against a symbolic M, so a configuration only has to suit a range of batch
 sizes: the key is the bucket of tokens per expert (rows / experts hit, rounded up to a power of two,
 1 .. 65536), never the exact M. `autotune` measures one representative problem per bucket: every expert
-holding `bucket` rows.
+holding `bucket` rows (BucketRows.EQUAL), or the same rows spread as uniform routing spreads them
+(BucketRows.ROUTED: the partial last row blocks and padding rows of a real batch).
 
 Cache file (JSON, small, human-readable; written atomically):
     {"format": "moe2cta-tuning", "version": 1,
      "entries": {"<gpu>|<dtype>|E<E>|N<N>|K<K>|<epilogue>|b<bucket>":
                  {"key": {...}, "candidate": {...Candidate fields...}, "seconds": 1.2e-05,
-                  "tried": 8, "heuristic_seconds": 1.4e-05, "created": "2026-11-29T12:00:00Z"}}}
+                  "tried": 8, "heuristic_seconds": 1.4e-05, "created": "2026-11-29T12:00:00Z",
+                  "rows": "equal"}}}  (rows: the BucketRows timed on; entries without it were timed on "equal")
 Location: the `path` argument, else env MOE2CTA_TUNING_CACHE (read when called, never at import), else
 ~/.cache/moe2cta/tuning.json.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import functools
 import json
 import math
@@ -54,6 +57,7 @@ __all__ = [
     "TuningEntry",
     "TuningCache",
     "default_cache_path",
+    "BucketRows",
     "bucket_problem",
     "autotune",
     "select_config",
@@ -76,6 +80,27 @@ VERSION = 1
 MAX_BUCKET = 65536
 BUCKETS = tuple(2**i for i in range(17))  # 1 .. 65536 rows per expert
 TUNE_BUCKETS = tuple(b for b in BUCKETS if b <= 4096)  # autotune's default: larger buckets keep the heuristic
+
+
+class BucketRows(enum.Enum):
+    """How a bucket's representative problem spreads its rows over the experts it hits."""
+
+    # every hit expert holds exactly `bucket` rows: where bucket is a multiple of the kernels' row block no expert
+    # ends in a partial block, so no padding rows are multiplied
+    EQUAL = "equal"
+    # the same bucket * hit rows, each on a uniformly drawn hit expert (seeded): the spread of counts, and so the
+    # partial last blocks and padding rows, that a batch under uniform top-k routing has (its variance up to a
+    # factor (E - k) / (E - 1), which distinct top-k picks take off)
+    ROUTED = "routed"
+
+    @classmethod
+    def parse(cls, value: "BucketRows | str") -> "BucketRows":
+        if isinstance(value, cls):
+            return value
+        for member in cls:
+            if value == member.value:
+                return member
+        raise ValueError(f"rows: expected one of {[m.value for m in cls]}, got {value!r}")
 
 
 def token_bucket(tokens_per_expert: float) -> int:
@@ -147,6 +172,7 @@ class TuningEntry:
     tried: int = 0
     heuristic_seconds: float | None = None
     created: str = ""
+    rows: str = BucketRows.EQUAL.value  # the BucketRows the candidates were timed on
 
     def to_json(self) -> dict:
         return {
@@ -156,6 +182,7 @@ class TuningEntry:
             "tried": self.tried,
             "heuristic_seconds": self.heuristic_seconds,
             "created": self.created,
+            "rows": self.rows,
         }
 
     @classmethod
@@ -163,7 +190,8 @@ class TuningEntry:
         try:
             key = TuningKey(**d["key"])
             return cls(key, candidate_from_dict(d["candidate"]), float(d["seconds"]), int(d.get("tried", 0)),
-                       d.get("heuristic_seconds"), str(d.get("created", "")))
+                       d.get("heuristic_seconds"), str(d.get("created", "")),
+                       BucketRows.parse(d.get("rows", BucketRows.EQUAL.value)).value)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"entry: malformed {d!r}: {exc}") from None
 
@@ -237,17 +265,32 @@ class TuningCache:
 
 
 def bucket_problem(kind: planner.GemmKind, num_experts: int, n: int, k: int, bucket: int,
-                   experts_hit: int | None = None, **fields) -> planner.GemmProblem:
-    """The representative problem of a bucket: `bucket` rows on each hit expert (default: all of them).
+                   experts_hit: int | None = None, rows: BucketRows | str = BucketRows.EQUAL, seed: int = 0,
+                   **fields) -> planner.GemmProblem:
+    """The representative problem of a bucket: `bucket` rows per hit expert (default: all of them hit), spread by
+    `rows` (BucketRows; ROUTED draws them with `seed`, so a bucket's problem is the same every run). The total, and
+    so the mean rows per expert the kernel choice depends on, is bucket * hit either way.
 
     fields: further GemmProblem fields (dtype, activation, has_bias, has_row_scale).
     """
+    rows = BucketRows.parse(rows)
     hit = num_experts if experts_hit is None else experts_hit
     if not 1 <= hit <= num_experts:
         raise ValueError(f"experts_hit: expected 1..{num_experts}, got {experts_hit!r}")
-    counts = tuple(bucket if e < hit else 0 for e in range(num_experts))
-    return planner.GemmProblem(f"{kind.value}-b{bucket}", kind, n, k, counts,
-                               f"bucket: {bucket} rows on each of {hit} of {num_experts} experts", **fields)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed: expected an int, got {seed!r}")
+    if rows is BucketRows.EQUAL:
+        counts = tuple(bucket if e < hit else 0 for e in range(num_experts))
+        return planner.GemmProblem(f"{kind.value}-b{bucket}", kind, n, k, counts,
+                                   f"bucket: {bucket} rows on each of {hit} of {num_experts} experts", **fields)
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    drawn = torch.bincount(torch.randint(hit, (bucket * hit,), generator=gen), minlength=hit).tolist()
+    counts = tuple(drawn) + (0,) * (num_experts - hit)
+    return planner.GemmProblem(f"{kind.value}-b{bucket}-routed", kind, n, k, counts,
+                               f"bucket: {bucket * hit} rows routed uniformly over {hit} of {num_experts} experts "
+                               f"({min(drawn)}..{max(drawn)} per expert, seed {seed})", **fields)
 
 
 def _check_not_capturing() -> None:
@@ -569,6 +612,7 @@ def autotune(
     check: Callable[[planner.Candidate, planner.GemmProblem, Callable[[], None]], tuple[bool, str]] | None = None,
     baseline: bool = True,
     trials: list | None = None,
+    rows: BucketRows | str = BucketRows.EQUAL,
     **fields,
 ) -> dict[int, TuningEntry]:
     """Measure the candidates of each bucket (candidates_to_time) and store the fastest in the cache.
@@ -579,7 +623,9 @@ def autotune(
     cute_runner()); timer(fn) returns seconds (default: CUDA events). check(candidate, problem, fn) ->
     (ok, detail) runs the kernel once and compares it with a reference before it is timed: a wrong
     candidate is reported (log, trials) and never cached. baseline: also time the family default (what the
-    layer runs untuned). trials: a list that receives one Trial per candidate. fields: further GemmProblem
+    layer runs untuned). trials: a list that receives one Trial per candidate. rows (BucketRows): how the timed
+    problem spreads its rows; the candidates are always chosen on the EQUAL problem (the same mean rows per expert,
+    so the same kernels: a bundle from `moe2cta tune build` serves both). fields: further GemmProblem
     fields (activation, has_bias, has_row_scale); the dtype comes from the key. The heuristic's first choice
     is always among those timed, so tuning never does worse than the model on the measured problem.
     Returns {bucket: entry}; entry.heuristic_seconds is the planner's first choice's time.
@@ -590,14 +636,17 @@ def autotune(
         raise TypeError(f"kind: expected a planner.GemmKind, got {kind!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top: expected an int >= 1, got {top!r}")
+    rows = BucketRows.parse(rows)
     timer = timer or cuda_event_timer
     cache = cache if cache is not None else TuningCache()
     hw = hardware or planner.HARDWARE[arch]
     results: dict[int, TuningEntry] = {}
     for bucket in (TUNE_BUCKETS if buckets is None else tuple(buckets)):
         bkey = key.with_bucket(bucket)
-        problem = bucket_problem(kind, key.num_experts, key.n, key.k, bucket, dtype=key.dtype, **fields)
-        chosen = candidates_to_time(problem, arch, top, baseline=baseline, hardware=hw)
+        planned = bucket_problem(kind, key.num_experts, key.n, key.k, bucket, dtype=key.dtype, **fields)
+        problem = planned if rows is BucketRows.EQUAL else bucket_problem(
+            kind, key.num_experts, key.n, key.k, bucket, rows=rows, dtype=key.dtype, **fields)
+        chosen = candidates_to_time(planned, arch, top, baseline=baseline, hardware=hw)
         if not chosen:
             if log:
                 log(f"{bkey.to_str()}: no candidate fits, skipped")
@@ -632,7 +681,7 @@ def autotune(
         if best is None:
             continue
         created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        entry = TuningEntry(bkey, best[1], best[0], len(chosen), heuristic_seconds, created)
+        entry = TuningEntry(bkey, best[1], best[0], len(chosen), heuristic_seconds, created, rows.value)
         cache.put(entry)
         results[bucket] = entry
     if save and results:

@@ -116,6 +116,74 @@ def test_run_rejects_wrong_kernel_and_caches_the_fastest_right_one(tmp_path):
         assert runner._rank(entry.candidate, problem) == 2 and entry.seconds == 4e-6
 
 
+def test_bucket_problem_routed_rows():
+    """BucketRows.ROUTED: the EQUAL problem's bucket * hit rows, spread by a seeded uniform draw (the same problem every
+    run, another seed another spread); experts not hit stay empty; bad arguments are named."""
+    pytest.importorskip("torch")
+    g1 = planner.GemmKind.GEMM1
+    equal = tuning.bucket_problem(g1, 128, 1536, 2048, 256)
+    routed = tuning.bucket_problem(g1, 128, 1536, 2048, 256, rows="routed", seed=4)
+    assert set(equal.counts) == {256} and sum(routed.counts) == sum(equal.counts)
+    assert min(routed.counts) < 256 < max(routed.counts)  # the spread a random batch has (std ~16 rows here)
+    assert max(abs(c - 256) for c in routed.counts) < 128
+    assert routed == tuning.bucket_problem(g1, 128, 1536, 2048, 256, rows=tuning.BucketRows.ROUTED, seed=4)
+    assert routed.counts != tuning.bucket_problem(g1, 128, 1536, 2048, 256, rows="routed", seed=5).counts
+    assert routed.name.endswith("-routed") and "seed 4" in routed.routing
+    few = tuning.bucket_problem(g1, 16, 256, 256, 8, experts_hit=3, rows="routed")
+    assert sum(few.counts) == 24 and few.counts[3:] == (0,) * 13
+    with pytest.raises(ValueError, match="^rows: expected one of"):
+        tuning.bucket_problem(g1, 16, 256, 256, 8, rows="skewed")
+    with pytest.raises(ValueError, match="^seed"):
+        tuning.bucket_problem(g1, 16, 256, 256, 8, rows="routed", seed=1.5)
+
+
+@needs_family
+def test_autotune_times_routed_rows_on_the_equal_problems_candidates(tmp_path):
+    """rows=ROUTED: the candidates (and so the bundle) are those of the EQUAL problem, each timed on the routed one;
+    the cache entry says which rows it was timed on, and entries without that field read as EQUAL."""
+    pytest.importorskip("torch")
+    seen = []
+
+    def runner(candidate, problem):
+        seen.append((candidate, problem))
+        return lambda: None
+
+    key = tuning.TuningKey("NVIDIA H200", "bfloat16", 128, 1536, 2048, "swiglu", 1)
+    cache = tuning.TuningCache(tmp_path / "routed.json")
+    results = tuning.autotune(key, planner.GemmKind.GEMM1, "sm_90a", runner, buckets=(256,), top=3,
+                              timer=lambda fn: 1e-5, cache=cache, rows="routed")
+    equal = tuning.bucket_problem(planner.GemmKind.GEMM1, 128, 1536, 2048, 256)
+    planned = [c for _, c in tuning.candidates_to_time(equal, "sm_90a", 3)]
+    assert [c for c, _ in seen] == planned
+    assert all(p.name.endswith("-routed") and sum(p.counts) == sum(equal.counts) and len(set(p.counts)) > 1
+               for _, p in seen)
+    assert results[256].rows == "routed"
+    reloaded = tuning.TuningCache(tmp_path / "routed.json")
+    assert next(iter(reloaded.entries.values())).rows == "routed"
+    legacy = results[256].to_json()
+    del legacy["rows"]
+    assert tuning.TuningEntry.from_json(legacy).rows == "equal"
+    with pytest.raises(ValueError, match="^rows"):
+        tuning.autotune(key, planner.GemmKind.GEMM1, "sm_90a", runner, buckets=(256,), top=3,
+                        timer=lambda fn: 1e-5, cache=cache, rows="zipf")
+
+
+@needs_family
+def test_tune_run_passes_routed_rows(tmp_path):
+    pytest.importorskip("torch")
+    problems = []
+
+    def runner(candidate, problem):
+        problems.append(problem)
+        return lambda: None
+
+    rows, _ = tune_cli.run(TINY, "sm_90a", cache_path=tmp_path / "t.json", buckets=(64,), top=1, runner=runner,
+                           timer=lambda fn: 1e-5, gpu="X", rows="routed")
+    assert len(rows) == 2 and problems and all(p.name.endswith("-routed") for p in problems)
+    with pytest.raises(SystemExit):
+        tune_cli.main(["run", "--model", TINY, "--arch", "sm_90a", "--rows", "zipf"])
+
+
 @needs_family
 @pytest.mark.parametrize("kind", [planner.GemmKind.GEMM1, planner.GemmKind.GEMM2])
 def test_cute_runner_check_against_the_twin_on_cpu(monkeypatch, kind):
