@@ -318,7 +318,8 @@ def test_tune_build_compiles_a_tiny_bundle(tmp_path):
 
 
 @pytest.mark.gpu
-def test_tune_run_on_gpu_with_bundle(tmp_path):
+@pytest.mark.parametrize("bucket_rows", ["equal", "routed"])
+def test_tune_run_on_gpu_with_bundle(tmp_path, bucket_rows):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
@@ -335,13 +336,16 @@ def test_tune_run_on_gpu_with_bundle(tmp_path):
                     f"--arch sm_90a --buckets 1 64 --top 2 --out {directory})")
     out_json, cache_path = tmp_path / "rows.json", tmp_path / "tune.json"
     assert tune_cli.main(["run", "--model", TINY, "--arch", "sm_90a", "--buckets", "1", "64", "--top", "2",
-                          "--kernel-dir", directory, "--cache", str(cache_path), "--json", str(out_json)]) == 0
-    rows = json.loads(out_json.read_text())["rows"]
+                          "--kernel-dir", directory, "--cache", str(cache_path), "--json", str(out_json),
+                          "--rows", bucket_rows]) == 0
+    report = json.loads(out_json.read_text())
+    rows = report["rows"]
+    assert report["bucket_rows"] == bucket_rows
     assert len(rows) == 4
     for r in rows:
         assert not r["wrong"] and not r["failed"], r
         assert r["best"]["us"] > 0 and r["speedup_vs_default"] >= 1.0
     cache = tuning.TuningCache(cache_path)
-    assert len(cache) == 4
+    assert len(cache) == 4 and {e.rows for e in cache.entries.values()} == {bucket_rows}
     g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", 256, 128, 4, 2, 1, cache=cache)
     assert source == "tuned (bucket 1)" and g1 is not None and g2 is not None
