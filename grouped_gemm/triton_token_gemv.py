@@ -63,6 +63,7 @@ __all__ = [
     "token_gemv1",
     "token_gemv2_combine",
     "token_gemv_applies",
+    "token_gemv_max_tokens",
 ]
 
 # Where the layer runs this family, measured on an H200 (docs/perf-notes-triton.md v6): it saves the
@@ -82,14 +83,16 @@ _GEMV2_TILE = (4, 256, 8)  # k slots x 4 rows x 256
 _TILE_ELEMENTS_PER_WARP = 2048  # at most 64 weight elements per thread (their fp32 products live in registers)
 
 
+def token_gemv_max_tokens(expert_bytes: int, limits=TOKEN_GEMV_LIMITS) -> int:
+    """The most tokens a layer batch may have to run this family, for experts of expert_bytes weight bytes
+    (w13 + w2 + biases of one expert): the token limit of the first row of `limits` ((largest expert bytes, most
+    tokens), ...) that admits expert_bytes, 0 where none does."""
+    return next((max_tokens for max_bytes, max_tokens in limits if expert_bytes <= max_bytes), 0)
+
+
 def token_gemv_applies(num_tokens: int, expert_bytes: int, limits=TOKEN_GEMV_LIMITS) -> bool:
-    """Whether a layer batch of num_tokens tokens runs this family, for experts of expert_bytes weight bytes
-    (w13 + w2 + biases of one expert): 1 <= num_tokens <= the token limit of the first row of `limits`
-    ((largest expert bytes, most tokens), ...) that admits expert_bytes."""
-    for max_bytes, max_tokens in limits:
-        if expert_bytes <= max_bytes:
-            return 1 <= num_tokens <= max_tokens
-    return False
+    """Whether a layer batch of num_tokens tokens runs this family: 1 <= num_tokens <= token_gemv_max_tokens."""
+    return 1 <= num_tokens <= token_gemv_max_tokens(expert_bytes, limits)
 
 
 @dataclasses.dataclass(frozen=True)

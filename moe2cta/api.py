@@ -261,7 +261,7 @@ def _cute_family_support(module, dtype, hidden, intermediate, num_experts, confi
 
 def auto_triton_max_tokens(expert_bytes: int, token_gemv_max_tokens: int | None = None) -> int:
     """The largest batch (tokens) that AUTO runs on TRITON where it splits (sm_90): one token below the token GEMVs'
-    limit for experts of `expert_bytes` weight bytes (grouped_gemm.triton_token_gemv.TOKEN_GEMV_LIMITS; measured:
+    limit for experts of `expert_bytes` weight bytes (grouped_gemm.triton_token_gemv.token_gemv_max_tokens; measured:
     see the comment above BackendPlan), 0 where they take no batch; a layer's explicit token_gemv_max_tokens as
     given."""
     if isinstance(expert_bytes, bool) or not isinstance(expert_bytes, int) or expert_bytes < 0:
@@ -274,8 +274,7 @@ def auto_triton_max_tokens(expert_bytes: int, token_gemv_max_tokens: int | None 
     gemv, _ = _optional_module("grouped_gemm.triton_token_gemv")
     if gemv is None:
         return 0
-    limit = next((tokens for max_bytes, tokens in gemv.TOKEN_GEMV_LIMITS if expert_bytes <= max_bytes), 0)
-    return max(0, limit - 1)
+    return max(0, gemv.token_gemv_max_tokens(expert_bytes) - 1)
 
 
 def _expert_bytes(hidden: int, intermediate: int, dtype: torch.dtype, biases=()) -> int:

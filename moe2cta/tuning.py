@@ -47,6 +47,7 @@ from .grouped_gemm.budget import Arch, WorkUnit
 from .grouped_gemm import epilogue
 from .grouped_gemm.epilogue import Activation, GemmStage
 from . import planner
+from .config import _parse_enum
 
 __all__ = [
     "MAX_BUCKET",
@@ -95,12 +96,7 @@ class BucketRows(enum.Enum):
 
     @classmethod
     def parse(cls, value: "BucketRows | str") -> "BucketRows":
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if value == member.value:
-                return member
-        raise ValueError(f"rows: expected one of {[m.value for m in cls]}, got {value!r}")
+        return _parse_enum(cls, value, "rows")
 
 
 def token_bucket(tokens_per_expert: float) -> int:
