@@ -123,7 +123,10 @@ class TokenGemvConfig:
     block_j: int  # slots of one token per program (GEMV2: >= top_k, the combine is in-program)
     block_n: int  # output columns per program
     block_k: int  # reduction step
-    num_warps: int = 4  # (no num_stages: the K loop's two-deep register pipeline is written in the kernel)
+    num_warps: int = 4
+    # K steps loaded ahead of the one being reduced (1 or 2): the K loop's register pipeline, written out in the
+    # kernel (there is no num_stages: Triton's pipeliner only handles loops with a dot)
+    prefetch: int = 1
 
     def tile_elements(self, problem: TokenGemvProblem) -> int:
         return self.block_j * problem.weight_rows * self.block_n * self.block_k
@@ -150,6 +153,8 @@ def can_implement(config: TokenGemvConfig, problem: TokenGemvProblem) -> tuple[b
         return False, f"block_k {config.block_k} < 16"
     if config.num_warps not in (1, 2, 4, 8, 16):
         return False, f"num_warps {config.num_warps} not in (1, 2, 4, 8, 16)"
+    if config.prefetch not in (1, 2):
+        return False, f"prefetch {config.prefetch} not in (1, 2)"
     if problem.stage is GemmStage.GEMM2 and config.block_j < problem.top_k:
         return False, f"block_j {config.block_j} < top_k {problem.top_k}: GEMV2 sums all slots of a token in one program"
     if problem.chunked:
@@ -186,6 +191,25 @@ def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
 # builtins and the per-mode helpers _add / _gated_activation, so it runs in the interpreter too).
 
 
+def _token_gemv_x(x_ptr, x_row_or_rows, k0, offs_k, K, slot_ok, STAGE: tl.constexpr, EVEN_K: tl.constexpr):
+    """x of one K step, fp32, shaped to broadcast over the weight tile: STAGE 1 the token's row slice
+    [1, 1, BLOCK_K] (x_row_or_rows: its offset), STAGE 2 each slot's a2 row slice [BLOCK_J, 1, BLOCK_K]."""
+    k_ok = (k0 + offs_k) < K
+    if STAGE == 1:
+        if EVEN_K:
+            x = tl.load(x_ptr + x_row_or_rows + k0 + offs_k)
+        else:
+            x = tl.load(x_ptr + x_row_or_rows + k0 + offs_k, mask=k_ok, other=0.0)
+        return x.to(tl.float32)[None, None, :]
+    else:
+        x_ptrs = x_ptr + x_row_or_rows[:, None] + (k0 + offs_k)[None, :]
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=slot_ok[:, None], other=0.0)
+        else:
+            x = tl.load(x_ptrs, mask=slot_ok[:, None] & k_ok[None, :], other=0.0)
+        return x.to(tl.float32)[:, None, :]
+
+
 def _token_gemv_kernel(
     x_ptr, ids_ptr, map_ptr, topk_w_ptr, w_ptr, bias_ptr, out_ptr,
     num_tokens, N, K,
@@ -193,7 +217,7 @@ def _token_gemv_kernel(
     TOP_K: tl.constexpr, STAGE: tl.constexpr, ACTIVATION: tl.constexpr, HAS_MAP: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr, HAS_BIAS: tl.constexpr, W13_CHUNK: tl.constexpr, EVEN_K: tl.constexpr,
     DEPENDENT_LAUNCH: tl.constexpr,
-    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # STAGE 1: GEMV1 (gated; x = hidden [T, K]; HAS_WEIGHTS: the router weight scales x, on the input)
     # STAGE 2: GEMV2 + combine (x = a2 [T * TOP_K, K]; HAS_WEIGHTS: the router weight scales each slot's y)
@@ -223,7 +247,7 @@ def _token_gemv_kernel(
     w_n = (offs_n % N).to(tl.int64)  # wrapped: weight rows need no N mask
     offs_k = tl.arange(0, BLOCK_K)
     if STAGE == 1:
-        x_row = t.to(tl.int64) * stride_xm  # every slot of a token reads the token's row
+        x_row_or_rows = t.to(tl.int64) * stride_xm  # every slot of a token reads the token's row
         if W13_CHUNK > 0:
             # packed rows [2 * n0, 2 * n0 + 2 * BLOCK_N) hold gate and up rows of columns [n0, n0 + BLOCK_N)
             offs_p = n_block * (2 * BLOCK_N) + tl.arange(0, 2 * BLOCK_N)
@@ -231,42 +255,51 @@ def _token_gemv_kernel(
         else:
             w_rows = w_n
     else:
-        x_rows = slots * stride_xm  # [BLOCK_J]: a2 row of each slot
+        x_row_or_rows = slots * stride_xm  # [BLOCK_J]: a2 row of each slot
         w_rows = w_n
     w_ptrs = w_ptr + e_off[:, None, None] + w_rows[None, :, None] * stride_wn + offs_k[None, None, :]
     acc = tl.full((BLOCK_J, w_rows.shape[0]), 0.0, tl.float32)
     if STAGE == 1 and W13_CHUNK == 0:
         acc_up = tl.full((BLOCK_J, BLOCK_N), 0.0, tl.float32)
-    # Weights are prefetched one K step ahead into registers: two tiles in flight per program (the loop
-    # has no dot, so Triton's pipeliner leaves it alone). Loads past K are masked off (no memory traffic).
+    # Weights are prefetched PREFETCH K steps ahead into registers: PREFETCH + 1 tiles per program in flight
+    # (the loop has no dot, so Triton's pipeliner leaves it alone); with PREFETCH = 2 the x slice of the next
+    # step is loaded one step ahead too. Loads past K are masked off (no memory traffic).
     w_mask = slot_ok[:, None, None]
     k_ok = offs_k < K
     w_cur = tl.load(w_ptrs, mask=w_mask & k_ok[None, None, :], other=0.0)
     if STAGE == 1 and W13_CHUNK == 0:
         u_cur = tl.load(w_ptrs + up_offset, mask=w_mask & k_ok[None, None, :], other=0.0)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + offs_k) < K
-        next_mask = w_mask & ((k0 + BLOCK_K + offs_k) < K)[None, None, :]
+    if PREFETCH == 2:
+        mask1 = w_mask & ((BLOCK_K + offs_k) < K)[None, None, :]
         w_ptrs += BLOCK_K
-        w_next = tl.load(w_ptrs, mask=next_mask, other=0.0)
+        w_nxt = tl.load(w_ptrs, mask=mask1, other=0.0)
         if STAGE == 1 and W13_CHUNK == 0:
-            u_next = tl.load(w_ptrs + up_offset, mask=next_mask, other=0.0)
-        if STAGE == 1:
-            if EVEN_K:
-                x = tl.load(x_ptr + x_row + k0 + offs_k).to(tl.float32)[None, None, :]
-            else:
-                x = tl.load(x_ptr + x_row + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, None, :]
+            u_nxt = tl.load(w_ptrs + up_offset, mask=mask1, other=0.0)
+        x_cur = _token_gemv_x(x_ptr, x_row_or_rows, 0, offs_k, K, slot_ok, STAGE, EVEN_K)
+    for k0 in range(0, K, BLOCK_K):
+        next_mask = w_mask & ((k0 + PREFETCH * BLOCK_K + offs_k) < K)[None, None, :]
+        w_ptrs += BLOCK_K
+        w_new = tl.load(w_ptrs, mask=next_mask, other=0.0)
+        if STAGE == 1 and W13_CHUNK == 0:
+            u_new = tl.load(w_ptrs + up_offset, mask=next_mask, other=0.0)
+        if PREFETCH == 2:
+            x = x_cur
+            x_cur = _token_gemv_x(x_ptr, x_row_or_rows, k0 + BLOCK_K, offs_k, K, slot_ok, STAGE, False)  # masked: past K at the end
         else:
-            x_ptrs = x_ptr + x_rows[:, None] + (k0 + offs_k)[None, :]
-            if EVEN_K:
-                x = tl.load(x_ptrs, mask=slot_ok[:, None], other=0.0).to(tl.float32)[:, None, :]
-            else:
-                x = tl.load(x_ptrs, mask=slot_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)[:, None, :]
+            x = _token_gemv_x(x_ptr, x_row_or_rows, k0, offs_k, K, slot_ok, STAGE, EVEN_K)
         acc += tl.reduce(w_cur.to(tl.float32) * x, 2, _add)
-        w_cur = w_next
         if STAGE == 1 and W13_CHUNK == 0:
             acc_up += tl.reduce(u_cur.to(tl.float32) * x, 2, _add)
-            u_cur = u_next
+        if PREFETCH == 2:
+            w_cur = w_nxt
+            w_nxt = w_new
+            if STAGE == 1 and W13_CHUNK == 0:
+                u_cur = u_nxt
+                u_nxt = u_new
+        else:
+            w_cur = w_new
+            if STAGE == 1 and W13_CHUNK == 0:
+                u_cur = u_new
 
     y = acc  # [BLOCK_J, rows]
     if STAGE == 1 and HAS_WEIGHTS:  # router weight on the input: (w x) . row = w (x . row), before the bias
@@ -306,6 +339,7 @@ def _jitted_kernel(interpret: bool):
     del interpret  # part of the cache key only (triton reads its mode when it decorates)
     namespace = dict(globals())
     namespace.update(_decorated_helpers())
+    namespace["_token_gemv_x"] = _decorated(_token_gemv_x, namespace)
     # num_tokens varies with the batch: specializing on it would compile per T.
     return _decorated(_token_gemv_kernel, namespace, do_not_specialize=["num_tokens"])
 
@@ -416,7 +450,7 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
         HAS_MAP=expert_map is not None, HAS_WEIGHTS=topk_weights is not None, HAS_BIAS=bias is not None,
         W13_CHUNK=GATE_UP_CHUNK if problem.chunked else 0, EVEN_K=k_dim % config.block_k == 0,
         DEPENDENT_LAUNCH=dependent, launch_pdl=dependent,
-        BLOCK_J=config.block_j, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_J=config.block_j, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PREFETCH=config.prefetch,
         num_warps=config.num_warps, num_stages=1,  # a loop without a dot: Triton's pipeliner does nothing
     )
     return out

@@ -165,7 +165,7 @@ prefill-ncu-stalls)  # Nsight Compute sections (speed of light, memory, warp sta
     done ;;
 token-gemv)  # the Triton layer's token GEMVs beside its grouped GEMMs at decode sizes (+ kernel config sweep at T=1)
     step token-gemv 300 python3 -m moe2cta.serving_bench.token_gemv_bench --models ${GEMV_MODELS:-all} --tokens ${GEMV_TOKENS:-1 2 4 8 16} \
-        ${GEMV_SWEEP:+--sweep} --json "$out/token-gemv.json" ;;
+        ${GEMV_SWEEP:+--sweep} ${GEMV_CHAIN:+--chain} --json "$out/token-gemv${GEMV_CHAIN:+-chain}.json" ;;
 token-gemv-tests)
     step token-gemv-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" \
         "$repo/tests/test_triton_token_gemv.py" "$repo/tests/test_api.py" ;;

@@ -11,8 +11,13 @@ inputs (each input routes to other experts, so no expert's weights stay in L2), 
 process. Prints median us, the ratio token / grouped, and the floor (weight bytes of the experts hit /
 copy bandwidth).
 
---sweep times the two token-GEMV kernels alone over a few configs (rotated routings), per model at the
-first T, to check the default config.
+--sweep times the two token-GEMV kernels alone over a few configs (rotated routings), per model and T, to
+check the default config.
+
+--chain splits the token path's time, per model and T, into its launches and their chains, side by side in one
+process: the router alone, GEMV1 alone, GEMV2 alone (topk ids / weights given), GEMV1 + GEMV2 (the layer given
+topk ids / weights) and the whole layer (router logits in). layer - gemvs is what routing adds to the chain;
+gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves.
 """
 from __future__ import annotations
 
@@ -23,9 +28,9 @@ import sys
 
 import torch
 
-from moe2cta import Backend, MoELayer, is_supported
+from moe2cta import Backend, MoELayer, is_supported, route
 from moe2cta.grouped_gemm import triton_token_gemv as tk
-from moe2cta.grouped_gemm.epilogue import GemmStage, W13Layout
+from moe2cta.grouped_gemm.epilogue import GemmStage, W13Layout, pack_gate_up_rows
 from moe2cta.presets import PRESETS, get_preset
 
 from .backends import make_expert_weights
@@ -36,9 +41,14 @@ from .timing import TimingConfig, rotation_count, time_callable
 
 __all__ = ["main"]
 
-# (block_n, block_k, num_warps); GEMV2's block_j is next_pow2(k)
-SWEEP_GEMV1 = ((8, 512, 4), (8, 512, 8), (8, 1024, 8), (16, 512, 8), (32, 256, 8), (16, 256, 4))
-SWEEP_GEMV2 = ((2, 512, 8), (4, 128, 4), (4, 256, 8), (8, 128, 8), (8, 256, 8), (16, 64, 8))
+# (block_n, block_k, num_warps, prefetch); GEMV2's block_j is next_pow2(k). GEMV1 runs on the packed w13
+# (W13Layout.CHUNKED, what an AUTO layer reads), so its block_n is a multiple of GATE_UP_CHUNK.
+SWEEP_GEMV1 = ((8, 128, 2, 1), (8, 128, 2, 2), (8, 256, 2, 1), (8, 256, 2, 2), (8, 128, 4, 1), (8, 128, 4, 2),
+               (8, 256, 4, 1), (8, 256, 4, 2), (16, 128, 4, 1), (16, 128, 4, 2), (16, 256, 4, 2), (8, 512, 4, 1),
+               (8, 512, 4, 2), (16, 256, 8, 1), (16, 256, 8, 2), (32, 128, 8, 2))
+SWEEP_GEMV2 = ((1, 256, 2, 1), (1, 256, 2, 2), (2, 256, 4, 1), (2, 256, 4, 2), (2, 128, 2, 1), (2, 128, 2, 2),
+               (4, 128, 4, 1), (4, 128, 4, 2), (4, 256, 8, 2), (2, 512, 4, 1), (2, 512, 4, 2), (1, 512, 2, 1),
+               (1, 512, 2, 2), (4, 64, 2, 1), (4, 64, 2, 2), (8, 128, 8, 2))
 
 
 def _layers(preset, weights, num_tokens: int) -> dict[str, MoELayer]:
@@ -101,24 +111,29 @@ def _kernel_inputs(preset, weights, num_tokens: int, count: int, seed: int):
 
 
 def sweep_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int) -> list[dict]:
-    """Each GEMV kernel alone over SWEEP_* configs (the default first), rotated routings."""
+    """Each GEMV kernel alone over SWEEP_* configs (the default first), rotated routings; GEMV1 on the packed
+    w13."""
     device = weights.w13.device
     sets = _kernel_inputs(preset, weights, num_tokens, 8, seed)
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     k = preset.top_k
-    a2s = [tk.token_gemv1(h, ids, weights.w13, preset.activation, b13=weights.b13) for h, ids, _ in sets]
+    w13 = pack_gate_up_rows(weights.w13)
+    layout = W13Layout.CHUNKED
+    a2s = [tk.token_gemv1(h, ids, w13, preset.activation, b13=weights.b13, w13_layout=layout) for h, ids, _ in sets]
     rows = []
     for stage, sweep in ((GemmStage.GEMM1, SWEEP_GEMV1), (GemmStage.GEMM2, SWEEP_GEMV2)):
         n, kdim = (preset.intermediate, preset.hidden) if stage is GemmStage.GEMM1 else (preset.hidden, preset.intermediate)
-        problem = tk.TokenGemvProblem(stage, num_tokens, k, n, kdim, torch.bfloat16, num_sms)
+        problem = tk.TokenGemvProblem(stage, num_tokens, k, n, kdim, torch.bfloat16, num_sms,
+                                      layout if stage is GemmStage.GEMM1 else W13Layout.GATE_THEN_UP)
         block_j = 1 if stage is GemmStage.GEMM1 else 1 << (k - 1).bit_length()
-        configs = [tk.default_config(problem)] + [tk.TokenGemvConfig(block_j, bn, bk, nw) for bn, bk, nw in sweep]
+        configs = [tk.default_config(problem)] + [tk.TokenGemvConfig(block_j, bn, bk, nw, prefetch=pf)
+                                                  for bn, bk, nw, pf in sweep]
         for index, config in enumerate(configs):
-            if not tk.can_implement(config, problem)[0]:
+            if not tk.can_implement(config, problem)[0] or (index and config == configs[0]):
                 continue
             if stage is GemmStage.GEMM1:
-                fn = lambda h, ids, w, a2, c=config: tk.token_gemv1(h, ids, weights.w13, preset.activation,
-                                                                  b13=weights.b13, config=c)
+                fn = lambda h, ids, w, a2, c=config: tk.token_gemv1(h, ids, w13, preset.activation, b13=weights.b13,
+                                                                  config=c, w13_layout=layout)
             else:
                 fn = lambda h, ids, w, a2, c=config: tk.token_gemv2_combine(a2, ids, weights.w2, w, b2=weights.b2,
                                                                           out_dtype=torch.bfloat16, config=c)
@@ -129,11 +144,47 @@ def sweep_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
     return rows
 
 
+CHAIN_PARTS = ("route", "gemv1", "gemv2", "gemvs", "layer")
+
+
+def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int) -> dict:
+    """Median us of each CHAIN_PARTS entry (see the module docstring) on rotated inputs, the layer checked first."""
+    device = weights.w13.device
+    layer = MoELayer(weights.w13, weights.w2, backend=Backend.TRITON, token_gemv_max_tokens=num_tokens,
+                     routing=preset.routing, activation=preset.activation, b13=weights.b13, b2=weights.b2,
+                     e_score_correction_bias=weights.e_score_correction_bias)
+    bias = weights.e_score_correction_bias
+    bytes_per_input = num_tokens * (preset.hidden * 2 + preset.num_experts * 4)
+    inputs = []
+    for hidden, logits in _inputs(preset, num_tokens, max(4, rotation_count(bytes_per_input, timing)), device, seed):
+        topk_weights, topk_ids = route(logits, preset.routing, bias, backend=Backend.TRITON)
+        a2 = tk.token_gemv1(hidden, topk_ids, weights.w13, preset.activation, b13=weights.b13)
+        inputs.append((hidden, logits, topk_weights, topk_ids, a2))
+    hidden, logits = inputs[0][:2]
+    reference = make_reference(hidden, weights, route_twin(logits, preset.routing, bias), preset.activation)
+    verdict = check_output(layer(hidden, logits), reference, num_tokens, preset.hidden)
+    row = {"model": preset.name, "tokens": num_tokens, "check": verdict.status.value, "rel_err": verdict.rel_err}
+    if verdict.status is not CheckStatus.PASS:
+        return row
+    parts = {
+        "route": lambda h, lg, w, ids, a2: route(lg, preset.routing, bias, backend=Backend.TRITON),
+        "gemv1": lambda h, lg, w, ids, a2: tk.token_gemv1(h, ids, weights.w13, preset.activation, b13=weights.b13),
+        "gemv2": lambda h, lg, w, ids, a2: tk.token_gemv2_combine(a2, ids, weights.w2, w, b2=weights.b2,
+                                                                  out_dtype=h.dtype),
+        "gemvs": lambda h, lg, w, ids, a2: layer(h, topk_weights=w, topk_ids=ids),
+        "layer": lambda h, lg, w, ids, a2: layer(h, lg),
+    }
+    row["median_us"] = {name: time_callable(fn, inputs, device, timing).median_us for name, fn in parts.items()}
+    return row
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["all"], help="preset names or 'all'")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--sweep", action="store_true", help="also time each GEMV kernel over a few configs")
+    parser.add_argument("--sweep", action="store_true", help="also time each GEMV kernel over a few configs at each T")
+    parser.add_argument("--chain", action="store_true",
+                        help="only split the token path into its launches (router, GEMV1, GEMV2, their chains)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -147,7 +198,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)
     timing = TimingConfig()
-    rows, sweeps = [], []
+    rows, sweeps, chains = [], [], []
     for preset in presets:
         weights = make_expert_weights(preset, device, seed=args.seed)
         ok, reason = is_supported("triton", torch.empty(1, preset.hidden, dtype=torch.bfloat16, device=device),
@@ -155,7 +206,17 @@ def main(argv=None) -> int:
         if not ok:
             print(f"{preset.name}: triton unsupported: {reason}")
             continue
-        for num_tokens in args.tokens:
+        for num_tokens in args.tokens if args.chain else ():
+            chain = chain_cell(preset, weights, num_tokens, timing, args.seed + num_tokens)
+            chains.append(chain)
+            if "median_us" not in chain:
+                print(f"{preset.name:16s} T={num_tokens:<5d} layer FAIL ({chain['rel_err']:.1e})", flush=True)
+                continue
+            us = chain["median_us"]
+            print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(f"{k} {v:7.1f}" for k, v in us.items())
+                  + f" | routing adds {us['layer'] - us['gemvs']:5.1f}, gemvs - gemv1 - gemv2 "
+                  f"{us['gemvs'] - us['gemv1'] - us['gemv2']:5.1f} us", flush=True)
+        for num_tokens in () if args.chain else args.tokens:
             row = bench_cell(preset, weights, num_tokens, ceilings, timing, args.seed + num_tokens)
             rows.append(row)
             layers = row["layers"]
@@ -168,19 +229,19 @@ def main(argv=None) -> int:
                     ratios.append(f"{prefix} token/grouped {t['median_us'] / g['median_us']:.3f}")
             print(f"{preset.name:16s} T={num_tokens:<5d} floor {row['floor_us']:8.1f} | {cells} | {'; '.join(ratios)}",
                   flush=True)
-        if args.sweep:
-            for r in sweep_cell(preset, weights, args.tokens[0], timing, args.seed):
+        for num_tokens in args.tokens if args.sweep and not args.chain else ():
+            for r in sweep_cell(preset, weights, num_tokens, timing, args.seed):
                 sweeps.append(r)
                 c = r["config"]
                 print(f"  sweep {r['model']:16s} T={r['tokens']} {r['stage']} j{c['block_j']} n{c['block_n']} "
-                      f"k{c['block_k']} w{c['num_warps']}{' (default)' if r['default'] else ''}: {r['median_us']:.1f} us",
-                      flush=True)
+                      f"k{c['block_k']} w{c['num_warps']} p{c['prefetch']}{' (default)' if r['default'] else ''}: "
+                      f"{r['median_us']:.1f} us", flush=True)
         del weights
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ceilings": dataclasses.asdict(ceilings) if dataclasses.is_dataclass(ceilings) else str(ceilings),
-                       "cells": rows, "sweep": sweeps}, f, indent=1, default=str)
+                       "cells": rows, "sweep": sweeps, "chain": chains}, f, indent=1, default=str)
     return 0
 
 

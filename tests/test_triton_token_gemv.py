@@ -105,6 +105,10 @@ def check(c, a2, out, activation, on_input=False, expert_map=None, floor=1e-5):
 # ---------------------------------------------------------------------------------------------- CPU tier
 SMALL1 = tk.TokenGemvConfig(block_j=2, block_n=8, block_k=32)  # 2 slots per program, K tail (H = 80)
 SMALL2 = tk.TokenGemvConfig(block_j=4, block_n=16, block_k=32)  # N tail (H = 80), K tail (I = 48)
+SMALL_AHEAD = {  # the same tiles, two K steps of weights in flight (and x one step ahead)
+    1: (SMALL1, SMALL2),
+    2: (dataclasses.replace(SMALL1, prefetch=2), dataclasses.replace(SMALL2, prefetch=2)),
+}
 
 
 @pytest.mark.parametrize("dtype,layout,activation,on_input", [
@@ -113,9 +117,11 @@ SMALL2 = tk.TokenGemvConfig(block_j=4, block_n=16, block_k=32)  # N tail (H = 80
     (torch.float16, W13Layout.CHUNKED, Activation.GELU_GATED, False),
     (torch.float16, W13Layout.GATE_THEN_UP, Activation.SWIGLU_OAI, False),
 ])
-def test_token_gemvs_cpu(interpret, dtype, layout, activation, on_input):
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_token_gemvs_cpu(interpret, dtype, layout, activation, on_input, prefetch):
     c = make_case(3, 3, 6, 80, 48, dtype, bias=True, seed=1)
-    a2, out = run_both(c, activation, layout, on_input, config1=SMALL1, config2=SMALL2)
+    config1, config2 = SMALL_AHEAD[prefetch]
+    a2, out = run_both(c, activation, layout, on_input, config1=config1, config2=config2)
     check(c, a2, out, activation, on_input, floor=1e-5 if dtype == torch.float32 else 5e-4)
 
 
@@ -247,15 +253,15 @@ print(json.dumps({"spills": sum(int(x) for x in re.findall(r"(\\d+) bytes spill"
 """
 
 
-@pytest.mark.parametrize("stage,chunk,block_j,block_n,block_k", [(1, 8, 1, 8, 512), (1, 0, 1, 16, 256),
-                                                                  (2, 0, 8, 4, 256)])
-def test_compiles_for_sm90(stage, chunk, block_j, block_n, block_k):
+@pytest.mark.parametrize("stage,chunk,block_j,block_n,block_k,prefetch", [
+    (1, 8, 1, 8, 512, 1), (1, 0, 1, 16, 256, 1), (2, 0, 8, 4, 256, 1), (1, 8, 1, 8, 256, 2), (2, 0, 8, 2, 256, 2)])
+def test_compiles_for_sm90(stage, chunk, block_j, block_n, block_k, prefetch):
     """Compiled (not interpreted) for sm_90a with Triton's ptxas: no spills, 16-byte weight loads,
     griddepcontrol wait + early release, no atomics (the combine is in-program)."""
     pytest.importorskip("triton.backends.nvidia")
     consts = dict(TOP_K=8, STAGE=stage, ACTIVATION=2, HAS_MAP=True, HAS_WEIGHTS=True, HAS_BIAS=True,
                   W13_CHUNK=chunk, EVEN_K=True, DEPENDENT_LAUNCH=True, BLOCK_J=block_j, BLOCK_N=block_n,
-                  BLOCK_K=block_k)
+                  BLOCK_K=block_k, PREFETCH=prefetch)
     env = dict(os.environ, TRITON_INTERPRET="0")
     done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps([consts, 4])], env=env,
                           capture_output=True, text=True, timeout=600)
