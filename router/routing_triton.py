@@ -9,7 +9,8 @@ Steps for a token block:
   2. score: softmax over E (SOFTMAX), sigmoid (+ correction bias for the selection key, SIGMOID_GROUPED),
      or the raw logits (TOPK_SOFTMAX, SIGMOID_TOP1);
   3. group-limited selection (SIGMOID_GROUPED with groups): group score = sum of the two best keys of the
-     group, keep the best topk_group groups, mask the other experts to -inf;
+     group (two reductions over a [BLOCK_T, G, E / G] view when E and G are powers of two, else one masked
+     pass per group), keep the best topk_group groups, mask the other experts to -inf;
   4. top-k by k rounds of one max over packed keys (KeyPacking, a constexpr derived from the logits dtype and
      the scoring); the winner is replaced by a "taken" value below every key, so -inf and NaN rows still
      select distinct experts in index order; ties go to the lower expert. NaN keys count as -inf, as in
@@ -33,7 +34,8 @@ Steps for a token block:
 
 Math is fp32. exp is libdevice expf on CUDA (faithfully rounded; Triton's tl.exp is ex2.approx there), and
 numpy's exp under TRITON_INTERPRET=1 (CPU tensors). Limits: E <= 512, k <= 16, k <= E.
-The jit helper `route_token_block` is reused by the fused route + dispatch kernel (dispatch_triton.py).
+The jit helper `route_token_block` is reused by the fused route + dispatch kernel (dispatch_triton.py), and
+`route_token_rows` (the same routing, returned instead of stored) by the token GEMVs, which route inside GEMV1.
 
 The kernel functions below are plain Python; `jit_functions()` decorates them with triton.jit on first
 use, once per interpreter mode (Triton fixes compiled-vs-interpreted when it decorates, so a test can turn
@@ -51,6 +53,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 __all__ = [
+    "GroupReduce",
     "KeyPacking",
     "KEY_PACKING_CODES",
     "resolve_key_packing",
@@ -88,6 +91,22 @@ class KeyPacking(enum.Enum):
             if str(value).lower() in (member.value, member.name.lower()):
                 return member
         raise ValueError(f"key_packing: expected one of {[m.value for m in cls]}, got {value!r}")
+
+
+class GroupReduce(enum.Enum):
+    """How SIGMOID_GROUPED with groups finds each group's two best keys (see the module docstring, step 3)."""
+
+    AUTO = "auto"  # a [BLOCK_T, G, E / G] view of the keys where E and G are powers of two, else PER_GROUP
+    PER_GROUP = "per_group"  # one masked pass over all experts per group
+
+    @classmethod
+    def parse(cls, value: "GroupReduce | str") -> "GroupReduce":
+        if isinstance(value, cls):
+            return value
+        for member in cls:
+            if str(value).lower() in (member.value, member.name.lower()):
+                return member
+        raise ValueError(f"group_reduce: expected one of {[m.value for m in cls]}, got {value!r}")
 
 
 # KeyPacking -> the kernels' KEY_PACKING constexpr (0: derived in the kernel from the logits dtype + scoring).
@@ -253,11 +272,9 @@ def _softmax_logit_int32(x, cols, col_ok, kcols, row_ok, NUM_EXPERTS: tl.constex
     return top_ids, weights
 
 
-def route_token_block(
+def route_token_rows(
     logits_ptr,
     bias_ptr,
-    weights_ptr,
-    ids_ptr,
     tok0,
     num_tokens,
     stride_logits,
@@ -275,16 +292,19 @@ def route_token_block(
     BLOCK_G: tl.constexpr,
     USE_LIBDEVICE: tl.constexpr,
     KEY_PACKING: tl.constexpr = 0,
+    GROUP_VIEW: tl.constexpr = 1,
 ):
-    """Route tokens tok0 .. tok0+BLOCK_T-1 (rows past num_tokens are ignored). KEY_PACKING: KEY_PACKING_CODES
-    (0 = AUTO: LOGIT_INT32 for 16-bit logits and SCORING != SIGMOID_GROUPED; the host validates 2)."""
+    """Route tokens tok0 .. tok0+BLOCK_T-1 -> (topk ids int32, topk weights fp32), both [BLOCK_T, BLOCK_K],
+    values past TOP_K and rows past num_tokens unspecified. KEY_PACKING: KEY_PACKING_CODES (0 = AUTO: LOGIT_INT32
+    for 16-bit logits and SCORING != SIGMOID_GROUPED; the host validates 2). GROUP_VIEW: 1 = GroupReduce.AUTO,
+    0 = GroupReduce.PER_GROUP. Also the routing prologue of the token GEMVs (grouped_gemm.triton_token_gemv
+    takes it as a function argument: its signature is part of that contract)."""
     rows = tok0 + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_E)
     kcols = tl.arange(0, BLOCK_K)
     row_ok = rows < num_tokens
     col_ok = cols < NUM_EXPERTS
     k_ok = kcols < TOP_K
-    out_offs = rows.to(tl.int64)[:, None] * TOP_K + kcols[None, :]
     out_mask = row_ok[:, None] & k_ok[None, :]
     ptrs = logits_ptr + rows.to(tl.int64)[:, None] * stride_logits + cols[None, :]
     x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
@@ -315,13 +335,20 @@ def route_token_block(
                 group_of_col = cols // per_group
                 gcols = tl.arange(0, BLOCK_G)
                 packed = _pack_keys(key, cols, BLOCK_E)
-                group_scores = tl.full([BLOCK_T, BLOCK_G], neg_inf, tl.float32)
-                for g in range(NUM_GROUPS):
-                    c = tl.where(((group_of_col == g) & col_ok)[None, :], packed, _TAKEN)
-                    best1 = tl.max(c, axis=1)
-                    best2 = tl.max(tl.where(c == best1[:, None], _TAKEN, c), axis=1)
-                    score = _unpack_key(best1) + _unpack_key(best2)
-                    group_scores = tl.where(gcols[None, :] == g, score[:, None], group_scores)
+                if GROUP_VIEW and BLOCK_E == NUM_EXPERTS and BLOCK_G == NUM_GROUPS:
+                    # every group is one row of a [BLOCK_T, G, E / G] view: its two best keys in two reductions
+                    grouped = tl.reshape(packed, (BLOCK_T, BLOCK_G, per_group))
+                    best1 = tl.max(grouped, axis=2)
+                    best2 = tl.max(tl.where(grouped == best1[:, :, None], _TAKEN, grouped), axis=2)
+                    group_scores = _unpack_key(best1) + _unpack_key(best2)
+                else:  # E or the group count not a power of two: one masked pass per group
+                    group_scores = tl.full([BLOCK_T, BLOCK_G], neg_inf, tl.float32)
+                    for g in range(NUM_GROUPS):
+                        c = tl.where(((group_of_col == g) & col_ok)[None, :], packed, _TAKEN)
+                        best1 = tl.max(c, axis=1)
+                        best2 = tl.max(tl.where(c == best1[:, None], _TAKEN, c), axis=1)
+                        score = _unpack_key(best1) + _unpack_key(best2)
+                        group_scores = tl.where(gcols[None, :] == g, score[:, None], group_scores)
                 group_taken = tl.zeros([BLOCK_T, BLOCK_G], tl.int1) | (gcols >= NUM_GROUPS)[None, :]
                 keep = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
                 for _ in range(TOPK_GROUP):
@@ -358,6 +385,43 @@ def route_token_block(
             if RENORMALIZE:
                 weights = weights / tl.sum(weights, axis=1)[:, None]
     weights = weights * routed_scaling_factor
+    return top_ids, weights
+
+
+def route_token_block(
+    logits_ptr,
+    bias_ptr,
+    weights_ptr,
+    ids_ptr,
+    tok0,
+    num_tokens,
+    stride_logits,
+    routed_scaling_factor,
+    NUM_EXPERTS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    SCORING: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    USE_LIBDEVICE: tl.constexpr,
+    KEY_PACKING: tl.constexpr = 0,
+    GROUP_VIEW: tl.constexpr = 1,
+):
+    """route_token_rows, stored to weights_ptr / ids_ptr [T, TOP_K] (rows past num_tokens are not written)."""
+    top_ids, weights = route_token_rows(
+        logits_ptr, bias_ptr, tok0, num_tokens, stride_logits, routed_scaling_factor,
+        NUM_EXPERTS, TOP_K, SCORING, RENORMALIZE, HAS_BIAS, NUM_GROUPS, TOPK_GROUP,
+        BLOCK_T, BLOCK_E, BLOCK_K, BLOCK_G, USE_LIBDEVICE, KEY_PACKING, GROUP_VIEW,
+    )
+    rows = tok0 + tl.arange(0, BLOCK_T)
+    kcols = tl.arange(0, BLOCK_K)
+    out_offs = rows.to(tl.int64)[:, None] * TOP_K + kcols[None, :]
+    out_mask = (rows < num_tokens)[:, None] & (kcols < TOP_K)[None, :]
     tl.store(weights_ptr + out_offs, weights, mask=out_mask)
     tl.store(ids_ptr + out_offs, top_ids, mask=out_mask)
 
@@ -384,6 +448,7 @@ def route_kernel(
     USE_LIBDEVICE: tl.constexpr,
     KEY_PACKING: tl.constexpr = 0,
     DEPENDENT_LAUNCH: tl.constexpr = 0,
+    GROUP_VIEW: tl.constexpr = 1,
 ):
     """Grid: (cdiv(T, BLOCK_T),). Each program routes one block of tokens."""
     if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
@@ -394,13 +459,13 @@ def route_kernel(
     route_token_block(
         logits_ptr, bias_ptr, weights_ptr, ids_ptr, tok0, num_tokens, stride_logits, routed_scaling_factor,
         NUM_EXPERTS, TOP_K, SCORING, RENORMALIZE, HAS_BIAS, NUM_GROUPS, TOPK_GROUP,
-        BLOCK_T, BLOCK_E, BLOCK_K, BLOCK_G, USE_LIBDEVICE, KEY_PACKING,
+        BLOCK_T, BLOCK_E, BLOCK_K, BLOCK_G, USE_LIBDEVICE, KEY_PACKING, GROUP_VIEW,
     )
 
 
 _JIT_NAMES = ("_exp_f32", "_pack_keys", "_unpack_index", "_unpack_key", "_pack_logit_keys", "_unpack_logit",
               "_argmax_untaken", "_softmax_probs", "_topk_score_int64", "_topk_logit_int32", "_softmax_logit_int32",
-              "route_token_block", "route_kernel")
+              "route_token_rows", "route_token_block", "route_kernel")
 
 
 def triton_interpreting() -> bool:
@@ -454,7 +519,8 @@ def route_launch_params(num_tokens: int, num_experts: int, num_sms: int = 132) -
 
 
 def launch_route(logits, config, bias, *, key_packing_code: int = 0, block_t: int | None = None,
-                 num_warps: int | None = None, launch_options: dict | None = None):
+                 num_warps: int | None = None, launch_options: dict | None = None,
+                 group_reduce: GroupReduce = GroupReduce.AUTO):
     """Allocate (topk_weights fp32, topk_ids int32) and launch route_kernel on checked arguments (router.api.route
     and route_variant check them). key_packing_code: KEY_PACKING_CODES (0 = AUTO); block_t / num_warps:
     route_launch_params by default; launch_options: extra launch keywords (programmatic dependent launch)."""
@@ -476,16 +542,17 @@ def launch_route(logits, config, bias, *, key_packing_code: int = 0, block_t: in
     jit_functions().route_kernel[(-(-num_tokens // block_t),)](
         logits, bias if bias is not None else weights, weights, ids, num_tokens, logits.stride(0),
         float(config.routed_scaling_factor), BLOCK_T=block_t, BLOCK_E=block_e, num_warps=num_warps,
-        KEY_PACKING=key_packing_code, **meta, **(launch_options or {}),
+        KEY_PACKING=key_packing_code, GROUP_VIEW=int(group_reduce is GroupReduce.AUTO), **meta, **(launch_options or {}),
     )
     return weights, ids
 
 
 def route_variant(logits, config, e_score_correction_bias=None, *, key_packing: "KeyPacking | str" = KeyPacking.AUTO,
-                  block_t: int | None = None, num_warps: int | None = None):
+                  block_t: int | None = None, num_warps: int | None = None,
+                  group_reduce: "GroupReduce | str" = GroupReduce.AUTO):
     """route(..., backend=TRITON) with the kernel choices spelled out (benchmarks and tests compare them):
-    key_packing (LOGIT_INT32 where not exact -> ValueError), block_t (tokens per program, a power of two)
-    and num_warps (default: route_launch_params). Same results as route() for every choice."""
+    key_packing (LOGIT_INT32 where not exact -> ValueError), block_t (tokens per program, a power of two),
+    num_warps (default: route_launch_params) and group_reduce. Same results as route() for every choice."""
     from .api import _check_route_args
 
     _check_route_args(logits, config, e_score_correction_bias)
@@ -494,5 +561,6 @@ def route_variant(logits, config, e_score_correction_bias=None, *, key_packing: 
         raise ValueError(f"block_t: expected a power of two, got {block_t}")
     if num_warps is not None and num_warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"num_warps: expected 1, 2, 4, 8 or 16, got {num_warps}")
+    group_reduce = GroupReduce.parse(group_reduce)
     return launch_route(logits, config, e_score_correction_bias, key_packing_code=KEY_PACKING_CODES[packing],
-                        block_t=block_t, num_warps=num_warps)
+                        block_t=block_t, num_warps=num_warps, group_reduce=group_reduce)

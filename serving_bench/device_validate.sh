@@ -91,6 +91,9 @@ router-variants)
     step router-variants 120 python3 -m moe2cta.serving_bench.router_bench --experts 128 --top-k 8 \
         --tokens 1 512 4096 32768 --variants v2 v3 v3,slots=512 v3,slots=2048 v3,bt=8,warps=2 v3,bt=32,warps=8 \
         --profile --out "$out/router-v3" ;;
+router-grouped)  # deepseek-v3's grouped routing: the [T, G, E / G] group view (AUTO) against one pass per group
+    step router-grouped 150 python3 -m moe2cta.serving_bench.router_bench --routing-model deepseek-v3 \
+        --tokens 1 32 512 4096 32768 --variants v3 v3,groups=per_group --out "$out/router-grouped" ;;
 layer-full)  # the full grid (5 models x T in 1..32768), one invocation per model so partial results survive
     for m in ${LAYER_MODELS:-mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b}; do
         TAIL=3 step "layer-$m" 170 python3 -m moe2cta.serving_bench --models "$m" --full \

@@ -7,10 +7,13 @@
 
 --variants compares kernel choices in one run: each is a preset (v2: SCORE_INT64 keys, v3: AUTO keys =
 LOGIT_INT32 for these bf16 logits) and/or key=value items: keys=auto|score_int64|logit_int32, bt=tokens per
-route program, warps=route num_warps, slots=dispatch slots per program (MULTI_BLOCK, T*k > 512). Each is
+route program, warps=route num_warps, slots=dispatch slots per program (MULTI_BLOCK, T*k > 512),
+groups=auto|per_group (routing_triton.GroupReduce; with --routing-model deepseek-v3). Each is
 timed as route (routing_triton.route_variant), dispatch, and route + dispatch in one graph (T <= 16 too:
 the variants never take the fused launch); with --profile, per-kernel device times (torch profiler) of
-route + dispatch for T >= 4096. Rows go to router_bench.json / .md under --out.
+route + dispatch for T >= 4096. Rows go to router_bench.json / .md under --out. --routing-model NAME takes the
+routing (scoring, groups, E, k) of that model preset instead of SOFTMAX over --experts / --top-k, with an
+N(0, 0.1) correction bias where the preset's scoring uses one.
 
 Triton: route_dispatch (one fused launch for T <= 64, else route + dispatch = 4 launches) and, apart,
 route and dispatch, each captured 20 times in one CUDA graph; time = median over 7 rounds of 10 replays,
@@ -40,7 +43,8 @@ from moe2cta.router import (
     route_dispatch,
     route_reference,
 )
-from moe2cta.router.routing_triton import KeyPacking, route_variant
+from moe2cta.presets import get_preset
+from moe2cta.router.routing_triton import GroupReduce, KeyPacking, route_variant
 
 GRAPH_REPEATS = 20
 
@@ -136,24 +140,29 @@ VARIANT_PRESETS = {"v2": {"keys": "score_int64"}, "v3": {"keys": "auto"}}
 
 def parse_variant(spec: str) -> dict:
     """'v3,slots=512,bt=32,warps=8' -> {'name': spec, 'keys': 'auto', 'slots': 512, 'bt': 32, 'warps': 8}."""
-    out = {"name": spec, "keys": "auto", "bt": None, "warps": None, "slots": None}
+    out = {"name": spec, "keys": "auto", "bt": None, "warps": None, "slots": None, "groups": "auto"}
     for item in spec.split(","):
         item = item.strip()
         if item in VARIANT_PRESETS:
             out.update(VARIANT_PRESETS[item])
             continue
         key, sep, value = item.partition("=")
-        if not sep or key not in ("keys", "bt", "warps", "slots"):
-            raise ValueError(f"--variants: expected a preset {list(VARIANT_PRESETS)} or keys=/bt=/warps=/slots=, "
+        if not sep or key not in ("keys", "bt", "warps", "slots", "groups"):
+            raise ValueError(f"--variants: expected a preset {list(VARIANT_PRESETS)} or keys=/bt=/warps=/slots=/groups=, "
                              f"got {item!r} in {spec!r}")
-        out[key] = KeyPacking.parse(value).value if key == "keys" else int(value)
+        if key == "keys":
+            out[key] = KeyPacking.parse(value).value
+        elif key == "groups":
+            out[key] = GroupReduce.parse(value).value
+        else:
+            out[key] = int(value)
     return out
 
 
-def _variant_fns(variant, logits, config, num_experts, ids):
+def _variant_fns(variant, logits, config, num_experts, ids, bias=None):
     def route_fn():
-        return route_variant(logits, config, key_packing=variant["keys"], block_t=variant["bt"],
-                             num_warps=variant["warps"])
+        return route_variant(logits, config, bias, key_packing=variant["keys"], block_t=variant["bt"],
+                             num_warps=variant["warps"], group_reduce=variant["groups"])
 
     num_slots = ids.numel()
     scheme = DispatchScheme.AUTO if variant["slots"] is None or num_slots <= 512 else DispatchScheme.MULTI_BLOCK
@@ -186,15 +195,19 @@ def profile_fn(fn, reps: int = 20) -> dict:
     return times
 
 
-def run_variant_case(num_experts: int, top_k: int, num_tokens: int, variants, profile: bool) -> list:
-    config = RoutingConfig(top_k=top_k)
+def run_variant_case(num_experts: int, top_k: int, num_tokens: int, variants, profile: bool,
+                     config: RoutingConfig | None = None) -> list:
+    config = RoutingConfig(top_k=top_k) if config is None else config
     gen = torch.Generator(device="cuda").manual_seed(num_experts * 1000 + top_k)
     logits = torch.randn(num_tokens, num_experts, device="cuda", generator=gen).to(torch.bfloat16)
-    want_w, want_ids = route_reference(logits, config)
+    bias = None
+    if config.scoring.value == "sigmoid_grouped":
+        bias = torch.randn(num_experts, device="cuda", generator=gen) * 0.1
+    want_w, want_ids = route_reference(logits, config, bias)
     want_disp = dispatch_reference(want_ids, num_experts)
     rows = []
     for variant in variants:
-        route_fn, dispatch_fn, both_fn = _variant_fns(variant, logits, config, num_experts, want_ids)
+        route_fn, dispatch_fn, both_fn = _variant_fns(variant, logits, config, num_experts, want_ids, bias)
         w, i = route_fn()
         d = dispatch_fn()
         ok = bool(torch.equal(i, want_ids) and torch.allclose(w, want_w, rtol=1e-6, atol=0)
@@ -203,7 +216,8 @@ def run_variant_case(num_experts: int, top_k: int, num_tokens: int, variants, pr
         row = {
             "variant": variant["name"], "experts": num_experts, "top_k": top_k, "tokens": num_tokens,
             "keys": KeyPacking.parse(variant["keys"]).value, "bt": variant["bt"], "warps": variant["warps"],
-            "slots": variant["slots"], "matches_reference": ok,
+            "slots": variant["slots"], "groups": variant["groups"], "scoring": config.scoring.value,
+            "matches_reference": ok,
             "route_dispatch_us": _graph_time_us(both_fn),
             "route_us": _graph_time_us(route_fn),
             "dispatch_us": _graph_time_us(dispatch_fn),
@@ -274,7 +288,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shard", default="0/1", help="I/N: this process takes cases I, I+N, ...")
     parser.add_argument("--profile", action="store_true", help="per-kernel times for E=128, k=8, T=4096, 32768")
     parser.add_argument("--variants", nargs="+", default=None,
-                        help="compare kernel choices: presets v2 / v3 and keys=, bt=, warps=, slots= items")
+                        help="compare kernel choices: presets v2 / v3 and keys=, bt=, warps=, slots=, groups= items")
+    parser.add_argument("--routing-model", default=None,
+                        help="with --variants: the routing, E and k of this model preset (e.g. deepseek-v3)")
     args = parser.parse_args(argv)
     variants = [parse_variant(v) for v in args.variants] if args.variants else None
     if not torch.cuda.is_available():
@@ -327,8 +343,12 @@ def _write(out_dir, meta, rows, table):
 def _main_variants(args, variants) -> int:
     started = time.time()
     rows = []
-    for e, k, t in cases(args.experts, args.top_k, args.tokens):
-        rows += run_variant_case(e, k, t, variants, args.profile)
+    config, experts, top_k = None, args.experts, args.top_k
+    if args.routing_model:
+        preset = get_preset(args.routing_model)
+        config, experts, top_k = preset.routing, [preset.num_experts], [preset.routing.top_k]
+    for e, k, t in cases(experts, top_k, args.tokens):
+        rows += run_variant_case(e, k, t, variants, args.profile, config)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "graph_repeats": GRAPH_REPEATS,
             "variants": [v["name"] for v in variants], "seconds": round(time.time() - started, 1)}

@@ -16,8 +16,9 @@ check the default config.
 
 --chain splits the token path's time, per model and T, into its launches and their chains, side by side in one
 process: the router alone, GEMV1 alone, GEMV2 alone (topk ids / weights given), GEMV1 + GEMV2 (the layer given
-topk ids / weights) and the whole layer (router logits in). layer - gemvs is what routing adds to the chain;
-gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves.
+topk ids / weights), the router's launch then the layer given its ids (route+gemvs: three launches), and the
+layer from router logits (GEMV1 routes its tokens: two launches). layer - gemvs is what routing adds to the
+chain; gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves.
 """
 from __future__ import annotations
 
@@ -41,14 +42,10 @@ from .timing import TimingConfig, rotation_count, time_callable
 
 __all__ = ["main"]
 
-# (block_n, block_k, num_warps, prefetch); GEMV2's block_j is next_pow2(k). GEMV1 runs on the packed w13
-# (W13Layout.CHUNKED, what an AUTO layer reads), so its block_n is a multiple of GATE_UP_CHUNK.
-SWEEP_GEMV1 = ((8, 128, 2, 1), (8, 128, 2, 2), (8, 256, 2, 1), (8, 256, 2, 2), (8, 128, 4, 1), (8, 128, 4, 2),
-               (8, 256, 4, 1), (8, 256, 4, 2), (16, 128, 4, 1), (16, 128, 4, 2), (16, 256, 4, 2), (8, 512, 4, 1),
-               (8, 512, 4, 2), (16, 256, 8, 1), (16, 256, 8, 2), (32, 128, 8, 2))
-SWEEP_GEMV2 = ((1, 256, 2, 1), (1, 256, 2, 2), (2, 256, 4, 1), (2, 256, 4, 2), (2, 128, 2, 1), (2, 128, 2, 2),
-               (4, 128, 4, 1), (4, 128, 4, 2), (4, 256, 8, 2), (2, 512, 4, 1), (2, 512, 4, 2), (1, 512, 2, 1),
-               (1, 512, 2, 2), (4, 64, 2, 1), (4, 64, 2, 2), (8, 128, 8, 2))
+# (block_n, block_k, num_warps); GEMV2's block_j is next_pow2(k). GEMV1 runs on the packed w13 (W13Layout.CHUNKED,
+# what an AUTO layer reads), so its block_n is a multiple of GATE_UP_CHUNK.
+SWEEP_GEMV1 = ((8, 128, 2), (8, 256, 2), (8, 128, 4), (8, 256, 4), (16, 128, 4), (8, 512, 4), (16, 256, 8), (32, 256, 8))
+SWEEP_GEMV2 = ((1, 256, 2), (2, 256, 4), (2, 128, 2), (4, 128, 4), (2, 512, 4), (1, 512, 2), (4, 64, 2), (8, 256, 8))
 
 
 def _layers(preset, weights, num_tokens: int) -> dict[str, MoELayer]:
@@ -126,8 +123,7 @@ def sweep_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
         problem = tk.TokenGemvProblem(stage, num_tokens, k, n, kdim, torch.bfloat16, num_sms,
                                       layout if stage is GemmStage.GEMM1 else W13Layout.GATE_THEN_UP)
         block_j = 1 if stage is GemmStage.GEMM1 else 1 << (k - 1).bit_length()
-        configs = [tk.default_config(problem)] + [tk.TokenGemvConfig(block_j, bn, bk, nw, prefetch=pf)
-                                                  for bn, bk, nw, pf in sweep]
+        configs = [tk.default_config(problem)] + [tk.TokenGemvConfig(block_j, bn, bk, nw) for bn, bk, nw in sweep]
         for index, config in enumerate(configs):
             if not tk.can_implement(config, problem)[0] or (index and config == configs[0]):
                 continue
@@ -144,7 +140,12 @@ def sweep_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
     return rows
 
 
-CHAIN_PARTS = ("route", "gemv1", "gemv2", "gemvs", "layer")
+CHAIN_PARTS = ("route", "gemv1", "gemv2", "gemvs", "route+gemvs", "layer")
+
+
+def _routed_then_layer(layer, hidden, logits, routing, bias):
+    topk_weights, topk_ids = route(logits, routing, bias, backend=Backend.TRITON)
+    return layer(hidden, topk_weights=topk_weights, topk_ids=topk_ids)
 
 
 def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int) -> dict:
@@ -172,9 +173,18 @@ def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
         "gemv2": lambda h, lg, w, ids, a2: tk.token_gemv2_combine(a2, ids, weights.w2, w, b2=weights.b2,
                                                                   out_dtype=h.dtype),
         "gemvs": lambda h, lg, w, ids, a2: layer(h, topk_weights=w, topk_ids=ids),
+        "route+gemvs": lambda h, lg, w, ids, a2: _routed_then_layer(layer, h, lg, preset.routing, bias),
         "layer": lambda h, lg, w, ids, a2: layer(h, lg),
     }
-    row["median_us"] = {name: time_callable(fn, inputs, device, timing).median_us for name, fn in parts.items()}
+    assert list(parts) == list(CHAIN_PARTS)
+    # Two rounds, the second in reverse order, so that drift of the card's clock during the cell does not
+    # favour a part; each part's figure is the mean of its two medians.
+    medians = {name: [] for name in parts}
+    for order in (list(parts), list(parts)[::-1]):
+        for name in order:
+            medians[name].append(time_callable(parts[name], inputs, device, timing).median_us)
+    row["median_us"] = {name: sum(m) / len(m) for name, m in medians.items()}
+    row["round_medians_us"] = medians
     return row
 
 
@@ -214,7 +224,8 @@ def main(argv=None) -> int:
                 continue
             us = chain["median_us"]
             print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(f"{k} {v:7.1f}" for k, v in us.items())
-                  + f" | routing adds {us['layer'] - us['gemvs']:5.1f}, gemvs - gemv1 - gemv2 "
+                  + f" | layer / route+gemvs {us['layer'] / us['route+gemvs']:.3f}, routing adds "
+                  f"{us['layer'] - us['gemvs']:5.1f}, gemvs - gemv1 - gemv2 "
                   f"{us['gemvs'] - us['gemv1'] - us['gemv2']:5.1f} us", flush=True)
         for num_tokens in () if args.chain else args.tokens:
             row = bench_cell(preset, weights, num_tokens, ceilings, timing, args.seed + num_tokens)
@@ -234,7 +245,7 @@ def main(argv=None) -> int:
                 sweeps.append(r)
                 c = r["config"]
                 print(f"  sweep {r['model']:16s} T={r['tokens']} {r['stage']} j{c['block_j']} n{c['block_n']} "
-                      f"k{c['block_k']} w{c['num_warps']} p{c['prefetch']}{' (default)' if r['default'] else ''}: "
+                      f"k{c['block_k']} w{c['num_warps']}{' (default)' if r['default'] else ''}: "
                       f"{r['median_us']:.1f} us", flush=True)
         del weights
         torch.cuda.empty_cache()

@@ -64,6 +64,10 @@ ROUTE_CASES = [
     ("sigmoid_grouped", torch.float32, 32, 4, {"num_expert_group": 4, "topk_group": 2,
                                                "routed_scaling_factor": 2.5}, torch.bfloat16),
     ("sigmoid_grouped", torch.bfloat16, 16, 3, {"renormalize": False}, torch.float32),
+    # deepseek-v3's shape (the [T, G, E / G] group view) and a group count / E of no power of two (a pass per group)
+    ("sigmoid_grouped", torch.bfloat16, 256, 8, {"num_expert_group": 8, "topk_group": 4,
+                                                 "routed_scaling_factor": 2.5}, torch.float32),
+    ("sigmoid_grouped", torch.float32, 24, 4, {"num_expert_group": 3, "topk_group": 2}, torch.float32),
 ]
 
 
@@ -296,7 +300,7 @@ def test_route_dispatch_fused(use_map):
 
 
 # ------------------------------------------------------------------ LOGIT_INT32 keys (v3) vs SCORE_INT64
-from moe2cta.router.routing_triton import KeyPacking, resolve_key_packing, route_variant  # noqa: E402
+from moe2cta.router.routing_triton import GroupReduce, KeyPacking, resolve_key_packing, route_variant  # noqa: E402
 
 LOGIT_SCORINGS = [("softmax", True), ("softmax", False), ("topk_softmax", True), ("sigmoid_top1", False)]
 
@@ -369,6 +373,21 @@ def test_route_fp32_and_grouped_keep_score_int64():
     bias = (torch.randn(16, generator=gen) * 0.1).to(DEVICE)
     logits = _hard_logits(12, 16, gen).to(torch.bfloat16).to(DEVICE)
     assert_route_equal(route(logits, grouped, bias, backend=TRITON), route_reference(logits, grouped, bias))
+
+
+@pytest.mark.parametrize("num_experts,groups,topk_group,block_t", [(64, 8, 3, 1), (64, 8, 3, 4), (32, 4, 1, 2)])
+def test_grouped_route_view_and_per_group_agree(num_experts, groups, topk_group, block_t):
+    """GroupReduce.AUTO (the [T, G, E / G] view: E and G powers of two) and PER_GROUP select the same experts
+    with the same weights, on tie-heavy logits with NaN and -inf rows."""
+    gen = torch.Generator().manual_seed(num_experts + groups + block_t)
+    config = RoutingConfig(top_k=4, scoring="sigmoid_grouped", num_expert_group=groups, topk_group=topk_group)
+    logits = _hard_logits(12, num_experts, gen)
+    logits, bias = logits.to(DEVICE), (torch.randn(num_experts, generator=gen) * 0.1).to(DEVICE)
+    want = route_reference(logits, config, bias)
+    for reduce in (GroupReduce.AUTO, "per_group"):
+        assert_route_equal(route_variant(logits, config, bias, group_reduce=reduce, block_t=block_t), want)
+    with pytest.raises(ValueError, match="group_reduce"):
+        route_variant(logits, config, bias, group_reduce="pairwise")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
