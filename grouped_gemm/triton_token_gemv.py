@@ -12,10 +12,6 @@ topk_ids directly, in two launches:
   layer has no combine launch and the expert outputs are never rounded to the activation dtype.
 e_tj = expert_map[topk_ids[t, j]] when an expert map is given (an id of -1, or a map entry of -1: the slot
 adds nothing; its a2 row is not written and never read).
-GEMV1 can also route (token_gemv1_routed): every program routes its own token from the router logits with a
-routing function it is handed (router.routing_triton.route_token_rows, passed in by moe2cta: this package does
-not import the router), and one program per token writes topk_ids / topk_weights for GEMV2. The layer's chain
-is then two launches instead of three (no routing launch and no hand-off from it).
 
 Work decomposition: program (t, g, n block) takes BLOCK_J slots of token t (group g; GEMV2: all k slots,
 BLOCK_J >= k) and BLOCK_N output columns. Token is the fastest index, so the programs that read one expert's
@@ -40,7 +36,6 @@ docs/perf-notes-triton.md v6), the grouped GEMM elsewhere.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 
 import torch
@@ -61,14 +56,11 @@ from .triton_grouped_gemm import (
 __all__ = [
     "TOKEN_GEMV_LIMITS",
     "TOKEN_GEMV_MAX_TOKENS",
-    "RoutedWeightOn",
     "TokenGemvConfig",
-    "TokenRouting",
     "TokenGemvProblem",
     "can_implement",
     "default_config",
     "token_gemv1",
-    "token_gemv1_routed",
     "token_gemv2_combine",
     "token_gemv_applies",
     "token_gemv_max_tokens",
@@ -196,22 +188,15 @@ def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
 
 def _token_gemv_kernel(
     x_ptr, ids_ptr, map_ptr, topk_w_ptr, w_ptr, bias_ptr, out_ptr,
-    logits_ptr, route_bias_ptr, stride_logits, routed_scaling_factor,
     num_tokens, N, K,
     stride_xm, stride_we, stride_wn, up_offset, stride_be, stride_om,
     TOP_K: tl.constexpr, STAGE: tl.constexpr, ACTIVATION: tl.constexpr, HAS_MAP: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr, HAS_BIAS: tl.constexpr, W13_CHUNK: tl.constexpr, EVEN_K: tl.constexpr,
     DEPENDENT_LAUNCH: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ROUTE_FN: tl.constexpr, R_NUM_EXPERTS: tl.constexpr, R_SCORING: tl.constexpr, R_RENORMALIZE: tl.constexpr,
-    R_HAS_BIAS: tl.constexpr, R_NUM_GROUPS: tl.constexpr, R_TOPK_GROUP: tl.constexpr, R_BLOCK_E: tl.constexpr,
-    R_BLOCK_K: tl.constexpr, R_BLOCK_G: tl.constexpr, R_USE_LIBDEVICE: tl.constexpr,
 ):
     # STAGE 1: GEMV1 (gated; x = hidden [T, K]; HAS_WEIGHTS: the router weight scales x, on the input)
     # STAGE 2: GEMV2 + combine (x = a2 [T * TOP_K, K]; HAS_WEIGHTS: the router weight scales each slot's y)
-    # ROUTE_FN (STAGE 1 only; None: topk ids / weights are read from ids_ptr / topk_w_ptr): every program routes
-    # its token from logits_ptr itself, and the programs of group 0, n block 0 write the result to ids_ptr /
-    # topk_w_ptr for GEMV2.
     if DEPENDENT_LAUNCH:
         tl.extra.cuda.gdc_wait()  # topk_ids / a2 come from the previous kernel of the stream
         tl.extra.cuda.gdc_launch_dependents()
@@ -225,31 +210,13 @@ def _token_gemv_kernel(
     offs_j = g * BLOCK_J + tl.arange(0, BLOCK_J)
     slot_ok = offs_j < TOP_K
     slots = t.to(tl.int64) * TOP_K + tl.minimum(offs_j, TOP_K - 1)  # clamped: always a valid slot
-    if ROUTE_FN is not None:
-        top_ids, top_w = ROUTE_FN(
-            logits_ptr, route_bias_ptr, t, num_tokens, stride_logits, routed_scaling_factor,
-            R_NUM_EXPERTS, TOP_K, R_SCORING, R_RENORMALIZE, R_HAS_BIAS, R_NUM_GROUPS, R_TOPK_GROUP,
-            1, R_BLOCK_E, R_BLOCK_K, R_BLOCK_G, R_USE_LIBDEVICE,
-        )  # [1, R_BLOCK_K] each
-        r_cols = tl.arange(0, R_BLOCK_K)
-        r_offs = t.to(tl.int64) * TOP_K + r_cols
-        writes = r_cols < tl.where((g == 0) & (n_block == 0), TOP_K, 0)  # one program per token writes the routing
-        tl.store(ids_ptr + r_offs[None, :], top_ids, mask=writes[None, :])
-        tl.store(topk_w_ptr + r_offs[None, :], top_w, mask=writes[None, :])
-        pick = r_cols[None, :] == tl.minimum(offs_j, TOP_K - 1)[:, None]  # [BLOCK_J, R_BLOCK_K]: slot j's column
-        experts = tl.sum(tl.where(pick, top_ids, 0), axis=1)
-        routed_w = tl.sum(tl.where(pick, top_w, 0.0), axis=1)
-    else:
-        experts = tl.load(ids_ptr + slots)
+    experts = tl.load(ids_ptr + slots)
     if HAS_MAP:  # global -> local id; -1: not on this rank (ids of -1: slot unused)
         experts = tl.where(experts >= 0, tl.load(map_ptr + tl.maximum(experts, 0)), -1).to(tl.int32)
     slot_ok = slot_ok & (experts >= 0)
     e_off = tl.maximum(experts, 0).to(tl.int64) * stride_we  # [BLOCK_J]
     if HAS_WEIGHTS:
-        if ROUTE_FN is not None:
-            slot_w = tl.where(slot_ok, routed_w, 0.0)
-        else:
-            slot_w = tl.load(topk_w_ptr + slots, mask=slot_ok, other=0.0)  # fp32 [BLOCK_J]
+        slot_w = tl.load(topk_w_ptr + slots, mask=slot_ok, other=0.0)  # fp32 [BLOCK_J]
 
     offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -383,7 +350,7 @@ def _check_optional(name, t, shape, device, dtypes=None) -> None:
 
 
 def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, expert_map, out, config,
-            w13_layout: W13Layout, out_dtype, routed: "_Routed | None" = None) -> torch.Tensor:
+            w13_layout: W13Layout, out_dtype) -> torch.Tensor:
     w_name, b_name = ("w13", "b13") if stage is GemmStage.GEMM1 else ("w2", "b2")
     x_name = "hidden" if stage is GemmStage.GEMM1 else "a2"
     _require(x_name, x, 2, _SUPPORTED_DTYPES)
@@ -438,21 +405,9 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
     grid = (num_tokens * groups * -(-n_dim // config.block_n),)
     dependent = _dependent_launch_supported(device)
     dummy = out  # stands in for absent optional pointers (never read: their constexpr flag is off)
-    if routed is None:
-        route_args, route_consts = (dummy, dummy, 0, 1.0), dict.fromkeys(_ROUTE_CONSTANT_ARGS.values(), 0)
-        route_consts["ROUTE_FN"] = None
-        weights_arg = topk_weights if topk_weights is not None else dummy
-    else:
-        logits = routed.logits
-        route_args = (logits, routed.bias if routed.bias is not None else dummy, logits.stride(0),
-                      float(routed.routing.routed_scaling_factor))
-        route_consts = {arg: routed.routing.constants[name] for name, arg in _ROUTE_CONSTANT_ARGS.items()}
-        route_consts["ROUTE_FN"] = routed.routing.route_fn
-        weights_arg = routed.weights
     _kernel()[grid](
         x, topk_ids, expert_map if expert_map is not None else topk_ids,
-        weights_arg, w, bias if bias is not None else dummy, out,
-        *route_args,
+        topk_weights if topk_weights is not None else dummy, w, bias if bias is not None else dummy, out,
         num_tokens, n_dim, k_dim,
         x.stride(0), w.stride(0), w.stride(1), n_dim * w.stride(1),
         bias.stride(0) if bias is not None else 0, out.stride(0),
@@ -461,109 +416,10 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
         HAS_MAP=expert_map is not None, HAS_WEIGHTS=topk_weights is not None, HAS_BIAS=bias is not None,
         W13_CHUNK=GATE_UP_CHUNK if problem.chunked else 0, EVEN_K=k_dim % config.block_k == 0,
         DEPENDENT_LAUNCH=dependent, launch_pdl=dependent,
-        BLOCK_J=config.block_j, BLOCK_N=config.block_n, BLOCK_K=config.block_k, **route_consts,
+        BLOCK_J=config.block_j, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         num_warps=config.num_warps, num_stages=1,  # a loop without a dot: Triton's pipeliner does nothing
     )
     return out
-
-
-# TokenRouting.constants key -> the kernel's constexpr argument
-_ROUTE_CONSTANT_ARGS = {name: "R_" + name for name in (
-    "NUM_EXPERTS", "SCORING", "RENORMALIZE", "HAS_BIAS", "NUM_GROUPS", "TOPK_GROUP", "BLOCK_E", "BLOCK_K", "BLOCK_G",
-    "USE_LIBDEVICE")}
-
-
-class RoutedWeightOn(enum.Enum):
-    """Where the router weight of a routed GEMV1 (token_gemv1_routed) is applied (moe2cta.RouterWeightOn's values)."""
-
-    OUTPUT = "output"  # GEMV2 scales each slot's output; GEMV1 only writes the weights out
-    INPUT = "input"  # GEMV1 scales each slot's input (x . row times the weight, before b13)
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenRouting:
-    """The routing a GEMV1 runs inside its programs (token_gemv1_routed).
-
-    route_fn: a triton.jit function with the signature and results of router.routing_triton.route_token_rows
-    (moe2cta passes router.api.route_prologue's: grouped_gemm does not import the router); constants: its
-    constexpr arguments by name, exactly the keys of _ROUTE_CONSTANT_ARGS (NUM_EXPERTS, SCORING, ...); top_k and
-    routed_scaling_factor: the routing's."""
-
-    route_fn: object
-    constants: dict
-    top_k: int
-    routed_scaling_factor: float = 1.0
-
-    def __post_init__(self):
-        if not callable(self.route_fn):
-            raise TypeError(f"route_fn: expected a triton.jit function, got {type(self.route_fn).__name__}")
-        if not isinstance(self.constants, dict) or set(self.constants) != set(_ROUTE_CONSTANT_ARGS):
-            got = sorted(self.constants) if isinstance(self.constants, dict) else type(self.constants).__name__
-            raise ValueError(f"constants: expected the keys {sorted(_ROUTE_CONSTANT_ARGS)}, got {got}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= MAX_TOP_K:
-            raise ValueError(f"top_k: expected an int in 1..{MAX_TOP_K}, got {self.top_k!r}")
-        if not isinstance(self.routed_scaling_factor, (int, float)) or isinstance(self.routed_scaling_factor, bool):
-            raise TypeError(f"routed_scaling_factor: expected a number, got {self.routed_scaling_factor!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Routed:
-    """A routed GEMV1's inputs (logits, correction bias) and its routing output buffer (weights)."""
-
-    routing: TokenRouting
-    logits: torch.Tensor
-    bias: torch.Tensor | None
-    weights: torch.Tensor
-
-
-def token_gemv1_routed(
-    hidden: torch.Tensor,
-    router_logits: torch.Tensor,
-    routing: TokenRouting,
-    w13: torch.Tensor,
-    activation: Activation | str = Activation.SWIGLU,
-    b13: torch.Tensor | None = None,
-    e_score_correction_bias: torch.Tensor | None = None,
-    weight_on: RoutedWeightOn = RoutedWeightOn.OUTPUT,
-    expert_map: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    config: TokenGemvConfig | None = None,
-    w13_layout: W13Layout = W13Layout.GATE_THEN_UP,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Routing and GEMV1 in one launch -> (a2 [T * k, I], topk_weights [T, k] fp32, topk_ids [T, k] int32).
-
-    Every program routes its token from router_logits [T, E] (the routing launch and its hand-off leave the
-    chain); topk_ids / topk_weights are what routing.route_fn gives (global ids; with expert_map GEMV1 maps them)
-    and feed token_gemv2_combine. e_score_correction_bias [E]: given exactly when routing.constants["HAS_BIAS"].
-    weight_on: INPUT scales each slot's input by its weight (pass topk_weights=None to GEMV2 then), OUTPUT leaves
-    it to GEMV2. The rest as token_gemv1.
-    """
-    if not isinstance(routing, TokenRouting):
-        raise TypeError(f"routing: expected a TokenRouting, got {type(routing).__name__}")
-    if not isinstance(weight_on, RoutedWeightOn):
-        raise TypeError(f"weight_on: expected a RoutedWeightOn, got {weight_on!r}")
-    if not isinstance(w13_layout, W13Layout):
-        raise TypeError(f"w13_layout: expected a W13Layout, got {w13_layout!r}")
-    activation = Activation.parse(activation)
-    _require("hidden", hidden, 2, _SUPPORTED_DTYPES)
-    device = hidden.device
-    _require("router_logits", router_logits, 2, _SUPPORTED_DTYPES, device)
-    num_experts = routing.constants["NUM_EXPERTS"]
-    if tuple(router_logits.shape) != (hidden.shape[0], num_experts) or router_logits.stride(1) != 1:
-        raise ValueError(f"router_logits: expected [{hidden.shape[0]}, {num_experts}] (T x routed experts) with unit "
-                         f"column stride, got shape {list(router_logits.shape)}, strides {tuple(router_logits.stride())}")
-    if bool(routing.constants["HAS_BIAS"]) != (e_score_correction_bias is not None):
-        raise ValueError("e_score_correction_bias: expected a tensor exactly when routing.constants['HAS_BIAS'] "
-                         f"({bool(routing.constants['HAS_BIAS'])}), got {type(e_score_correction_bias).__name__}")
-    _check_optional("e_score_correction_bias", e_score_correction_bias, (num_experts,), device)
-    shape = (hidden.shape[0], routing.top_k)
-    topk_ids = torch.empty(shape, dtype=torch.int32, device=device)
-    topk_weights = torch.empty(shape, dtype=torch.float32, device=device)
-    routed = _Routed(routing, router_logits, e_score_correction_bias, topk_weights)
-    a2 = _launch(GemmStage.GEMM1, hidden, topk_ids, w13, activation, b13,
-                 topk_weights if weight_on is RoutedWeightOn.INPUT else None, expert_map, out, config, w13_layout,
-                 hidden.dtype, routed)
-    return a2, topk_weights, topk_ids
 
 
 def token_gemv1(

@@ -12,9 +12,8 @@ Backends (moe2cta.config.Backend):
 - TRITON: moe2cta.router.api (Triton route / dispatch / gather / combine) + grouped_gemm.triton_grouped_gemm
   (GEMM1 reads the token rows directly through `a_rows`, no gathered copy). Batches of a few tokens
   (grouped_gemm.triton_token_gemv.token_gemv_applies, or MoELayer's token_gemv_max_tokens) skip dispatch,
-  grouped GEMMs and combine: the token GEMVs' two launches (GEMV1 + activation per slot, GEMV2 + the
-  fixed-order combine per token) straight from topk_ids; given router logits, GEMV1 routes its tokens
-  itself (no routing launch). CUDA; on CPU only with TRITON_INTERPRET=1
+  grouped GEMMs and combine: route, then the token GEMVs' two launches (GEMV1 + activation per slot, GEMV2
+  + the fixed-order combine per token) straight from topk_ids. CUDA; on CPU only with TRITON_INTERPRET=1
   set and backend chosen explicitly (tests).
 - CUTE: Triton router + the CuTe DSL grouped GEMMs (sm90_grouped_gemm on sm_90, sm100_grouped_gemm on
   sm_100) on w13 prepacked once (MoELayer) for the fused activation.
@@ -478,24 +477,6 @@ def _forward_triton_tokens(layer: "MoELayer", hidden, topk_weights, topk_ids):
                                     expert_map=layer.expert_map, out_dtype=hidden.dtype)
 
 
-def _forward_triton_tokens_routed(layer: "MoELayer", hidden, router_logits):
-    """_forward_triton_tokens with the routing inside GEMV1 (one launch less): router logits -> out [T, H]."""
-    gemv = layer._token_gemv
-    config = layer.config
-    bias = layer.e_score_correction_bias
-    route_fn, constants = _router_api().route_prologue(config.routing, router_logits.shape[1], bias is not None,
-                                                       router_logits.device)
-    routing = gemv.TokenRouting(route_fn, constants, config.top_k, float(config.routing.routed_scaling_factor))
-    on_input = config.router_weight_on is RouterWeightOn.INPUT
-    w13, layout = _kernel_w13(layer)
-    a2, topk_weights, topk_ids = gemv.token_gemv1_routed(
-        hidden, router_logits.contiguous(), routing, w13, config.activation, b13=layer.b13,
-        e_score_correction_bias=bias, weight_on=gemv.RoutedWeightOn(config.router_weight_on.value),
-        expert_map=layer.expert_map, w13_layout=layout)
-    return gemv.token_gemv2_combine(a2, topk_ids, layer.w2, None if on_input else topk_weights, b2=layer.b2,
-                                    expert_map=layer.expert_map, out_dtype=hidden.dtype)
-
-
 def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     gemm = _optional_module("grouped_gemm.triton_grouped_gemm")[0]
     config = layer.config
@@ -787,7 +768,8 @@ class MoELayer:
         backend = self.plan.for_batch(num_tokens, top_k, self.num_global_experts)
         if backend is Backend.TRITON and self._runs_token_gemvs(num_tokens):
             if topk_ids is None:
-                return _forward_triton_tokens_routed(self, hidden, router_logits)
+                topk_weights, topk_ids = _router_api().route(
+                    router_logits, self.config.routing, self.e_score_correction_bias, backend=_triton_router_backend())
             topk_weights = topk_weights.to(torch.float32).contiguous()
             topk_ids = topk_ids.to(torch.int32).contiguous()
             return _forward_triton_tokens(self, hidden, topk_weights, topk_ids)

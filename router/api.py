@@ -28,7 +28,7 @@ from .reference import (
 )
 
 __all__ = ["RouterBackend", "DispatchScheme", "GatherPadding", "route", "dispatch", "route_dispatch", "gather",
-           "scatter_row_weights", "combine", "route_prologue"]
+           "scatter_row_weights", "combine"]
 
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -144,21 +144,6 @@ def _route_meta(config: RoutingConfig, num_experts: int, has_bias: bool, device:
         BLOCK_G=max(2, _next_pow2(max(groups, 1))),
         USE_LIBDEVICE=device.type == "cuda",
     )
-
-
-def route_prologue(config: RoutingConfig, num_experts: int, has_bias: bool, device: torch.device) -> tuple:
-    """(fn, constants) for a Triton kernel that routes tokens inside its own programs (the token GEMVs of
-    grouped_gemm.triton_token_gemv): fn is routing_triton.route_token_rows decorated for the current
-    interpreter mode (call it each time: tests switch the mode), constants its constexpr arguments but TOP_K,
-    BLOCK_T, KEY_PACKING and GROUP_VIEW (AUTO defaults), by name. The same routing as route(..., TRITON):
-    E <= 512, k <= 16 (ValueError naming the argument otherwise)."""
-    from .routing_triton import jit_functions
-
-    config.check_num_experts(num_experts)
-    meta = _route_meta(config, num_experts, has_bias, torch.device(device))
-    del meta["TOP_K"]
-    meta["BLOCK_E"] = max(16, _next_pow2(num_experts))
-    return jit_functions().route_token_rows, meta
 
 
 def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: torch.Tensor | None = None,

@@ -16,9 +16,9 @@ check the default config.
 
 --chain splits the token path's time, per model and T, into its launches and their chains, side by side in one
 process: the router alone, GEMV1 alone, GEMV2 alone (topk ids / weights given), GEMV1 + GEMV2 (the layer given
-topk ids / weights), the router's launch then the layer given its ids (route+gemvs: three launches), and the
-layer from router logits (GEMV1 routes its tokens: two launches). layer - gemvs is what routing adds to the
-chain; gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves.
+topk ids / weights) and the whole layer (router logits in), each part timed twice (the second round in reverse
+order) and reported as the mean of its two medians. layer - gemvs is what routing adds to the chain;
+gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves.
 """
 from __future__ import annotations
 
@@ -140,12 +140,7 @@ def sweep_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
     return rows
 
 
-CHAIN_PARTS = ("route", "gemv1", "gemv2", "gemvs", "route+gemvs", "layer")
-
-
-def _routed_then_layer(layer, hidden, logits, routing, bias):
-    topk_weights, topk_ids = route(logits, routing, bias, backend=Backend.TRITON)
-    return layer(hidden, topk_weights=topk_weights, topk_ids=topk_ids)
+CHAIN_PARTS = ("route", "gemv1", "gemv2", "gemvs", "layer")
 
 
 def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int) -> dict:
@@ -173,7 +168,6 @@ def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
         "gemv2": lambda h, lg, w, ids, a2: tk.token_gemv2_combine(a2, ids, weights.w2, w, b2=weights.b2,
                                                                   out_dtype=h.dtype),
         "gemvs": lambda h, lg, w, ids, a2: layer(h, topk_weights=w, topk_ids=ids),
-        "route+gemvs": lambda h, lg, w, ids, a2: _routed_then_layer(layer, h, lg, preset.routing, bias),
         "layer": lambda h, lg, w, ids, a2: layer(h, lg),
     }
     assert list(parts) == list(CHAIN_PARTS)
@@ -224,8 +218,7 @@ def main(argv=None) -> int:
                 continue
             us = chain["median_us"]
             print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(f"{k} {v:7.1f}" for k, v in us.items())
-                  + f" | layer / route+gemvs {us['layer'] / us['route+gemvs']:.3f}, routing adds "
-                  f"{us['layer'] - us['gemvs']:5.1f}, gemvs - gemv1 - gemv2 "
+                  + f" | routing adds {us['layer'] - us['gemvs']:5.1f}, gemvs - gemv1 - gemv2 "
                   f"{us['gemvs'] - us['gemv1'] - us['gemv2']:5.1f} us", flush=True)
         for num_tokens in () if args.chain else args.tokens:
             row = bench_cell(preset, weights, num_tokens, ceilings, timing, args.seed + num_tokens)

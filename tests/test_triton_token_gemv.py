@@ -2,8 +2,8 @@
 
 CPU tier: both kernels under TRITON_INTERPRET=1 on small fp16 / fp32 shapes (both w13 layouts, every
 activation, biases, router weight on input or output, expert maps with unmapped experts and unused slots,
-K and N tails), GEMV1 routing its own tokens (against the router's launch, bit for bit, three scorings), the
-default config, argument errors, and the kernel compiled for sm_90 (no spills, griddepcontrol, vector loads). GPU tier (marker gpu): bf16 on model-like shapes, bit-stable repeats, and the
+K and N tails), the default config, argument errors, and the kernel compiled for sm_90 (no spills,
+griddepcontrol, vector loads). GPU tier (marker gpu): bf16 on model-like shapes, bit-stable repeats, and the
 layer's token path against its grouped path and the reference inside a replayed CUDA graph.
 """
 from __future__ import annotations
@@ -142,91 +142,6 @@ def test_empty_batch_and_bit_stable_cpu(interpret):
     assert torch.equal(first, run_both(c, Activation.SWIGLU, W13Layout.GATE_THEN_UP)[1])
 
 
-ROUTED_CASES = [  # (scoring config extras, logits dtype, E, k, correction bias, weight on input, expert map)
-    (dict(scoring="softmax"), torch.float16, 16, 4, False, False, False),  # 16-bit logit keys
-    (dict(scoring="sigmoid_grouped", num_expert_group=4, topk_group=2, routed_scaling_factor=2.5), torch.float32,
-     16, 3, True, False, False),
-    (dict(scoring="topk_softmax"), torch.float32, 12, 2, False, True, True),
-]
-
-
-@pytest.mark.parametrize("extra,logits_dtype,num_experts,top_k,with_bias,on_input,with_map", ROUTED_CASES)
-def test_routed_gemv1_matches_route_then_gemv1_cpu(interpret, extra, logits_dtype, num_experts, top_k, with_bias,
-                                                    on_input, with_map):
-    """GEMV1 routing its own tokens (the router's route_token_rows inside) gives the router's topk ids / weights
-    and, from them, the same a2 and layer output bit for bit as route + token_gemv1 + token_gemv2_combine."""
-    from moe2cta.router import RoutingConfig, route
-    from moe2cta.router.api import route_prologue
-
-    config = RoutingConfig(top_k=top_k, **extra)
-    gen = torch.Generator().manual_seed(num_experts + top_k)
-    local = num_experts - 4 if with_map else num_experts
-    c = make_case(3, top_k, local, 48, 16, torch.float32, bias=True, seed=num_experts)
-    logits = torch.randn(3, num_experts, generator=gen).to(logits_dtype)
-    logits[1, :3] = 0.0  # ties
-    bias = torch.randn(num_experts, generator=gen) * 0.1 if with_bias else None
-    expert_map = None
-    if with_map:  # global experts 0..E-1, 4 of them on another rank
-        expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
-        expert_map[torch.randperm(num_experts, generator=gen)[:local]] = torch.arange(local, dtype=torch.int32)
-    fn, constants = route_prologue(config, num_experts, with_bias, logits.device)
-    routing = tk.TokenRouting(fn, constants, top_k, config.routed_scaling_factor)
-    weight_on = tk.RoutedWeightOn.INPUT if on_input else tk.RoutedWeightOn.OUTPUT
-    a2, weights, ids = tk.token_gemv1_routed(c["hidden"], logits, routing, c["w13"], Activation.SWIGLU, b13=c["b13"],
-                                             e_score_correction_bias=bias, weight_on=weight_on, expert_map=expert_map)
-    want_w, want_ids = route(logits, config, bias, backend="triton")
-    assert torch.equal(ids, want_ids) and torch.equal(weights, want_w)
-    want_a2 = tk.token_gemv1(c["hidden"], want_ids, c["w13"], b13=c["b13"], topk_weights=want_w if on_input else None,
-                             expert_map=expert_map)
-    valid = (expert_map[want_ids.long()] >= 0).flatten() if with_map else slice(None)
-    assert torch.equal(a2[valid], want_a2[valid])
-    out = tk.token_gemv2_combine(a2, ids, c["w2"], None if on_input else weights, b2=c["b2"], expert_map=expert_map)
-    want = tk.token_gemv2_combine(want_a2, want_ids, c["w2"], None if on_input else want_w, b2=c["b2"],
-                                  expert_map=expert_map)
-    assert torch.equal(out, want)
-
-
-def test_layer_routes_inside_gemv1_cpu(interpret):
-    """MoELayer TRITON at a few tokens from router logits (routing inside GEMV1) equals the same layer given the
-    router's topk ids / weights (routing launch, then the GEMVs), bit for bit."""
-    from moe2cta import MoELayer, RoutingConfig, route
-
-    gen = torch.Generator().manual_seed(11)
-    w13 = torch.randn(8, 32, 64, generator=gen) / 8
-    w2 = torch.randn(8, 64, 16, generator=gen) / 4
-    routing = RoutingConfig(top_k=2)
-    layer = MoELayer(w13, w2, routing=routing, backend="triton", token_gemv_max_tokens=4)
-    hidden, logits = torch.randn(3, 64, generator=gen), torch.randn(3, 8, generator=gen)
-    weights, ids = route(logits, routing, backend="triton")
-    assert torch.equal(layer(hidden, logits), layer(hidden, topk_weights=weights, topk_ids=ids))
-
-
-def test_routed_argument_errors(interpret):
-    from moe2cta.router import RoutingConfig
-    from moe2cta.router.api import route_prologue
-
-    fn, constants = route_prologue(RoutingConfig(top_k=2), 8, False, torch.device("cpu"))
-    routing = tk.TokenRouting(fn, constants, 2)
-    c = make_case(2, 2, 8, 32, 16, torch.float32)
-    logits = torch.randn(2, 8)
-    with pytest.raises(ValueError, match="^constants: expected the keys"):
-        tk.TokenRouting(fn, {"NUM_EXPERTS": 8}, 2)
-    with pytest.raises(ValueError, match="^top_k: expected an int in 1..64"):
-        tk.TokenRouting(fn, constants, 0)
-    with pytest.raises(TypeError, match="^route_fn: expected a triton.jit function"):
-        tk.TokenRouting(None, constants, 2)
-    with pytest.raises(TypeError, match="^routing: expected a TokenRouting"):
-        tk.token_gemv1_routed(c["hidden"], logits, (fn, constants), c["w13"])
-    with pytest.raises(ValueError, match="^router_logits: expected \\[2, 8\\]"):
-        tk.token_gemv1_routed(c["hidden"], logits[:, :6], routing, c["w13"])
-    with pytest.raises(ValueError, match="^e_score_correction_bias: expected a tensor exactly when"):
-        tk.token_gemv1_routed(c["hidden"], logits, routing, c["w13"], e_score_correction_bias=torch.zeros(8))
-    with pytest.raises(TypeError, match="^weight_on: expected a RoutedWeightOn"):
-        tk.token_gemv1_routed(c["hidden"], logits, routing, c["w13"], weight_on="input")
-    with pytest.raises(ValueError, match="^router_logits: expected dtype"):
-        tk.token_gemv1_routed(c["hidden"], logits.double(), routing, c["w13"])
-
-
 def test_default_config_and_can_implement():
     p1 = tk.TokenGemvProblem(GemmStage.GEMM1, 1, 8, 768, 2048, torch.bfloat16, 132, W13Layout.CHUNKED)
     c1 = tk.default_config(p1)
@@ -300,16 +215,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from moe2cta.grouped_gemm import triton_token_gemv as tk
 
-consts, num_warps, routed_model = json.loads(sys.argv[1])
-consts.update(ROUTE_FN=None, **{"R_" + name: 0 for name in tk._ROUTE_CONSTANT_ARGS})
-if routed_model:  # GEMV1 routing its tokens with the router's route_token_rows, as the layer runs it
-    import torch
-    from moe2cta.presets import get_preset
-    from moe2cta.router.api import route_prologue
-    preset = get_preset(routed_model)
-    has_bias = preset.routing.scoring.value == "sigmoid_grouped"
-    consts["ROUTE_FN"], constants = route_prologue(preset.routing, preset.num_experts, has_bias, torch.device("cuda"))
-    consts.update({"R_" + name: value for name, value in constants.items()})
+consts, num_warps = json.loads(sys.argv[1])
 fn = tk._kernel()
 names = fn.arg_names
 sig = {}
@@ -318,16 +224,13 @@ for n in names:
         sig[n] = "constexpr"
     elif n in ("ids_ptr", "map_ptr"):
         sig[n] = "*i32"
-    elif n in ("topk_w_ptr", "route_bias_ptr"):
+    elif n == "topk_w_ptr":
         sig[n] = "*fp32"
-    elif n == "routed_scaling_factor":
-        sig[n] = "fp32"
     elif n.endswith("_ptr"):
         sig[n] = "*bf16"
     else:
         sig[n] = "i32"
-attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
-         if t not in ("constexpr", "fp32") and n != "num_tokens"}
+attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t != "constexpr" and n != "num_tokens"}
 src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
 k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1,
                                                                     "launch_pdl": True})
@@ -344,23 +247,21 @@ print(json.dumps({"spills": sum(int(x) for x in re.findall(r"(\\d+) bytes spill"
 """
 
 
-@pytest.mark.parametrize("stage,chunk,block_j,block_n,block_k,routed_model", [
-    (1, 8, 1, 8, 512, None), (1, 0, 1, 16, 256, None), (2, 0, 8, 4, 256, None),
-    (1, 8, 1, 16, 256, "qwen3-30b-a3b"), (1, 8, 1, 16, 256, "deepseek-v3")])
-def test_compiles_for_sm90(stage, chunk, block_j, block_n, block_k, routed_model):
+@pytest.mark.parametrize("stage,chunk,block_j,block_n,block_k", [(1, 8, 1, 8, 512), (1, 0, 1, 16, 256),
+                                                                  (2, 0, 8, 4, 256)])
+def test_compiles_for_sm90(stage, chunk, block_j, block_n, block_k):
     """Compiled (not interpreted) for sm_90a with Triton's ptxas: no spills, 16-byte weight loads,
-    griddepcontrol wait + early release, no atomics (the combine is in-program); also GEMV1 with the router's
-    route_token_rows inside (softmax over 128 experts; deepseek-v3's grouped sigmoid over 256)."""
+    griddepcontrol wait + early release, no atomics (the combine is in-program)."""
     pytest.importorskip("triton.backends.nvidia")
     consts = dict(TOP_K=8, STAGE=stage, ACTIVATION=2, HAS_MAP=True, HAS_WEIGHTS=True, HAS_BIAS=True,
                   W13_CHUNK=chunk, EVEN_K=True, DEPENDENT_LAUNCH=True, BLOCK_J=block_j, BLOCK_N=block_n,
                   BLOCK_K=block_k)
     env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps([consts, 4, routed_model])], env=env,
+    done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps([consts, 4])], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
-    assert facts["spills"] == 0 and facts["registers"] <= (168 if routed_model is None else 255)
+    assert facts["spills"] == 0 and facts["registers"] <= 168
     assert facts["vector_loads"] > 0 and facts["gdc_wait"] and facts["gdc_launch"] and not facts["atomics"]
 
 
@@ -391,9 +292,8 @@ def test_token_gemvs_gpu(shape, num_tokens):
 @pytest.mark.gpu
 @needs_cuda
 def test_layer_token_path_in_a_replayed_graph_gpu():
-    """MoELayer TRITON at 1..4 tokens: the token path (no dispatch; routing inside GEMV1) matches the grouped
-    path's accuracy and, bit for bit, the same path given the router's ids, has no host sync, and a captured
-    graph replays with a new routing."""
+    """MoELayer TRITON at 1..4 tokens: the token path (no dispatch) matches the grouped path's accuracy, has
+    no host sync, and a captured graph replays with a new routing."""
     from moe2cta import MoELayer, RoutingConfig, moe_reference, route
 
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -411,8 +311,6 @@ def test_layer_token_path_in_a_replayed_graph_gpu():
         same = moe_reference(h, w13, w2, weights, ids, dtype=torch.bfloat16)
         bound = 2 * rel_err(same, want) + 1e-3
         assert rel_err(token(h, logits), want) <= bound and rel_err(grouped(h, logits), want) <= bound
-        triton_weights, triton_ids = route(logits, routing, backend="triton")  # routing inside GEMV1 = the router's
-        assert torch.equal(token(h, logits), token(h, topk_weights=triton_weights, topk_ids=triton_ids))
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
