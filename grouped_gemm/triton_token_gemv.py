@@ -19,7 +19,7 @@ rows for different tokens run together and share them through L2. Per K step of 
 [BLOCK_J, rows, BLOCK_K] weight load (one base pointer per slot), multiplied by x in fp32 and reduced over K
 into [BLOCK_J, rows] accumulators. No tensor cores: at one row per expert each weight element is used once,
 and the kernel is a weight stream whose depth comes from many small programs per SM and from prefetching
-the next K step's weights into registers (two 16 KB weight tiles per program in flight by default).
+the next K step's weights into registers (two 8-16 KB weight tiles per program in flight by default).
 
 Warps and pipelines: no warp specialization; all `num_warps` warps load and multiply; the K loop holds the
 current weight tile and the next one's loads in registers (a two-deep software pipeline written out in the
@@ -76,9 +76,10 @@ __all__ = [
 TOKEN_GEMV_LIMITS = ((16 << 20, 8), (40 << 20, 4), (128 << 20, 2))
 TOKEN_GEMV_MAX_TOKENS = max(tokens for _, tokens in TOKEN_GEMV_LIMITS)
 MAX_TOP_K = 64
-# Default tiles (block_n, block_k, num_warps): the best or within 8% of it for every model preset at T=1 in
-# the H200 sweep (serving_bench/token_gemv_bench.py --sweep).
-_GEMV1_TILE = (16, 256, 4)  # 2 * 16 weight rows x 256: 16 KB of bf16 per K step, two in flight
+# Default tiles (block_n, block_k, num_warps), from the H200 sweeps (serving_bench/token_gemv_bench.py --sweep;
+# results/token-gemv-h200-2026-11-29, -2026-12-01). GEMV1: 8 columns (the packed layout's chunk) beat 16 by
+# 1.7-3.9% in all ten cells of five presets x T = 1, 2 (2026-12-01); GEMV2: the best or within 8% of it.
+_GEMV1_TILE = (GATE_UP_CHUNK, 256, 4)  # 2 * 8 weight rows x 256: 8 KB of bf16 per K step, two in flight
 _GEMV2_TILE = (4, 256, 8)  # k slots x 4 rows x 256
 _TILE_ELEMENTS_PER_WARP = 2048  # at most 64 weight elements per thread (their fp32 products live in registers)
 
@@ -166,13 +167,10 @@ def can_implement(config: TokenGemvConfig, problem: TokenGemvProblem) -> tuple[b
 
 def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
     """_GEMV1_TILE / _GEMV2_TILE (GEMV1: one slot per program; GEMV2: all k slots, block_j = next_pow2(k));
-    GEMV1 halves block_n (to 8) when that leaves fewer programs than SMs, and block_k shrinks for large k
-    to stay within the register limit of can_implement."""
+    block_k shrinks for large k to stay within the register limit of can_implement."""
     if problem.stage is GemmStage.GEMM1:
         block_j = 1
         block_n, block_k, num_warps = _GEMV1_TILE
-        if max(1, problem.num_tokens) * problem.top_k * -(-problem.n // block_n) < problem.num_sms:
-            block_n = GATE_UP_CHUNK
     else:
         block_j = _next_pow2(problem.top_k)
         block_n, block_k, num_warps = _GEMV2_TILE

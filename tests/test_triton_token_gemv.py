@@ -8,7 +8,6 @@ layer's token path against its grouped path and the reference inside a replayed 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -147,8 +146,7 @@ def test_default_config_and_can_implement():
     c1 = tk.default_config(p1)
     assert c1.block_j == 1 and c1.block_n % 8 == 0 and tk.can_implement(c1, p1)[0]
     assert 8 * -(-768 // c1.block_n) >= 132  # >= 1 program per SM
-    tiny = dataclasses.replace(p1, top_k=1, n=512)  # 32 programs of 16 columns: narrower
-    assert tk.default_config(tiny).block_n == 8
+    assert c1.block_n == 8  # the packed layout's chunk (measured: results/token-gemv-h200-2026-12-01)
     p2 = tk.TokenGemvProblem(GemmStage.GEMM2, 1, 8, 2048, 768, torch.bfloat16, 132)
     c2 = tk.default_config(p2)
     assert c2.block_j == 8 and tk.can_implement(c2, p2)[0]
