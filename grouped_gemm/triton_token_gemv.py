@@ -77,9 +77,11 @@ TOKEN_GEMV_LIMITS = ((16 << 20, 8), (40 << 20, 4), (128 << 20, 2))
 TOKEN_GEMV_MAX_TOKENS = max(tokens for _, tokens in TOKEN_GEMV_LIMITS)
 MAX_TOP_K = 64
 # Default tiles (block_n, block_k, num_warps), from the H200 sweeps (serving_bench/token_gemv_bench.py --sweep;
-# results/token-gemv-h200-2026-11-29, -2026-12-01). GEMV1: 8 columns (the packed layout's chunk) beat 16 by
-# 1.7-3.9% in all ten cells of five presets x T = 1, 2 (2026-12-01); GEMV2: the best or within 8% of it.
-_GEMV1_TILE = (GATE_UP_CHUNK, 256, 4)  # 2 * 8 weight rows x 256: 8 KB of bf16 per K step, two in flight
+# results/token-gemv-h200-2026-11-29, -2026-12-01): the best or within 8% of it at T=1. GEMV1 on the packed w13
+# (W13Layout.CHUNKED, what AUTO layers read): 8 columns, one chunk, beat 16 by 1.7-3.9% in all ten cells of five
+# presets x T = 1, 2 (2026-12-01); on the public layout (a gate and an up tile) 16 columns, as measured on 11-29.
+_GEMV1_TILE = (16, 256, 4)  # 2 * 16 weight rows x 256: 16 KB of bf16 per K step, two in flight
+_GEMV1_CHUNKED_BLOCK_N = GATE_UP_CHUNK
 _GEMV2_TILE = (4, 256, 8)  # k slots x 4 rows x 256
 _TILE_ELEMENTS_PER_WARP = 2048  # at most 64 weight elements per thread (their fp32 products live in registers)
 
@@ -166,11 +168,14 @@ def can_implement(config: TokenGemvConfig, problem: TokenGemvProblem) -> tuple[b
 
 
 def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
-    """_GEMV1_TILE / _GEMV2_TILE (GEMV1: one slot per program; GEMV2: all k slots, block_j = next_pow2(k));
-    block_k shrinks for large k to stay within the register limit of can_implement."""
+    """_GEMV1_TILE / _GEMV2_TILE (GEMV1: one slot per program, _GEMV1_CHUNKED_BLOCK_N columns on the packed w13,
+    and half of _GEMV1_TILE's where that leaves fewer programs than SMs; GEMV2: all k slots, block_j =
+    next_pow2(k)); block_k shrinks for large k to stay within the register limit of can_implement."""
     if problem.stage is GemmStage.GEMM1:
         block_j = 1
         block_n, block_k, num_warps = _GEMV1_TILE
+        if problem.chunked or max(1, problem.num_tokens) * problem.top_k * -(-problem.n // block_n) < problem.num_sms:
+            block_n = _GEMV1_CHUNKED_BLOCK_N
     else:
         block_j = _next_pow2(problem.top_k)
         block_n, block_k, num_warps = _GEMV2_TILE

@@ -147,6 +147,10 @@ def test_default_config_and_can_implement():
     assert c1.block_j == 1 and c1.block_n % 8 == 0 and tk.can_implement(c1, p1)[0]
     assert 8 * -(-768 // c1.block_n) >= 132  # >= 1 program per SM
     assert c1.block_n == 8  # the packed layout's chunk (measured: results/token-gemv-h200-2026-12-01)
+    public = tk.TokenGemvProblem(GemmStage.GEMM1, 1, 8, 768, 2048, torch.bfloat16, 132)
+    assert tk.default_config(public).block_n == 16  # a gate and an up tile of 16 rows each
+    tiny = tk.TokenGemvProblem(GemmStage.GEMM1, 1, 1, 512, 2048, torch.bfloat16, 132)  # 32 programs of 16: narrower
+    assert tk.default_config(tiny).block_n == 8
     p2 = tk.TokenGemvProblem(GemmStage.GEMM2, 1, 8, 2048, 768, torch.bfloat16, 132)
     c2 = tk.default_config(p2)
     assert c2.block_j == 8 and tk.can_implement(c2, p2)[0]
