@@ -627,3 +627,16 @@ def test_permute_bench_grid_and_cells():
             pb.parse_cell(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="model"):
         pb.parse_cell("no-such-model:8")
+
+
+def test_router_bench_variant_specs():
+    """router_bench --variants: presets and key=value items parse to the kernel choices; a bad item names it."""
+    from moe2cta.serving_bench.router_bench import parse_variant
+
+    assert parse_variant("v3,groups=per_group,bt=8") == {"name": "v3,groups=per_group,bt=8", "keys": "auto", "bt": 8,
+                                                       "warps": None, "slots": None, "groups": "per_group"}
+    assert parse_variant("v2")["keys"] == "score_int64" and parse_variant("v2")["groups"] == "auto"
+    with pytest.raises(ValueError, match="groups="):
+        parse_variant("v3,lanes=4")
+    with pytest.raises(ValueError, match="group_reduce: expected one of"):
+        parse_variant("v3,groups=pairwise")
