@@ -14,6 +14,7 @@ from .grouped_gemm import Activation
 from .grouped_gemm.epilogue import W13Layout
 from .reference import RouterWeightOn
 from .router import RoutingConfig, Scoring
+from .router.config import parse_enum
 from .router.reference import DEFAULT_TILE_HEIGHTS
 
 __all__ = [
@@ -30,15 +31,7 @@ __all__ = [
 ]
 
 
-def _parse_enum(enum_cls, value, argument: str):
-    """Return `value` as a member of enum_cls; strings match a member's value or name, case-insensitively."""
-    if isinstance(value, enum_cls):
-        return value
-    if isinstance(value, str):
-        for member in enum_cls:
-            if value.lower() in (str(member.value).lower(), member.name.lower()):
-                return member
-    raise ValueError(f"{argument}: expected one of {[m.value for m in enum_cls]}, got {value!r}")
+_parse_enum = parse_enum  # one implementation for the project (router/config.py)
 
 
 class Backend(enum.Enum):

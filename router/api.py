@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from .config import RoutingConfig, Scoring
+from .config import RoutingConfig, Scoring, parse_enum
 from .reference import (
     DEFAULT_TILE_HEIGHTS,
     Dispatch,
@@ -44,12 +44,7 @@ class RouterBackend(enum.Enum):
 
     @classmethod
     def parse(cls, value: "RouterBackend | str") -> "RouterBackend":
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if str(value).lower() in (member.value, member.name.lower()):
-                return member
-        raise ValueError(f"backend: expected one of {[m.value for m in cls]}, got {value!r}")
+        return parse_enum(cls, value, "backend")
 
 
 class DispatchScheme(enum.Enum):

@@ -7,6 +7,18 @@ import enum
 __all__ = ["Scoring", "RoutingConfig"]
 
 
+def parse_enum(enum_cls, value, argument: str):
+    """`value` as a member of enum_cls: a member, or a string matching a member's value or name
+    (case-insensitive); else ValueError naming `argument` and the accepted values."""
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str):
+        for member in enum_cls:
+            if value.lower() in (str(member.value).lower(), member.name.lower()):
+                return member
+    raise ValueError(f"{argument}: expected one of {[m.value for m in enum_cls]}, got {value!r}")
+
+
 class Scoring(enum.Enum):
     """How router logits are scored and selected. Ties go to the lower expert index."""
 
@@ -17,12 +29,7 @@ class Scoring(enum.Enum):
 
     @classmethod
     def parse(cls, value: "Scoring | str") -> "Scoring":
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if str(value).lower() in (member.value, member.name.lower()):
-                return member
-        raise ValueError(f"scoring: expected one of {[m.value for m in cls]}, got {value!r}")
+        return parse_enum(cls, value, "scoring")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,6 +54,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from .config import parse_enum
+
 __all__ = [
     "GroupReduce",
     "KeyPacking",
@@ -87,12 +89,7 @@ class KeyPacking(enum.Enum):
 
     @classmethod
     def parse(cls, value: "KeyPacking | str") -> "KeyPacking":
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if str(value).lower() in (member.value, member.name.lower()):
-                return member
-        raise ValueError(f"key_packing: expected one of {[m.value for m in cls]}, got {value!r}")
+        return parse_enum(cls, value, "key_packing")
 
 
 class GroupReduce(enum.Enum):
@@ -103,12 +100,7 @@ class GroupReduce(enum.Enum):
 
     @classmethod
     def parse(cls, value: "GroupReduce | str") -> "GroupReduce":
-        if isinstance(value, cls):
-            return value
-        for member in cls:
-            if str(value).lower() in (member.value, member.name.lower()):
-                return member
-        raise ValueError(f"group_reduce: expected one of {[m.value for m in cls]}, got {value!r}")
+        return parse_enum(cls, value, "group_reduce")
 
 
 # KeyPacking -> the kernels' KEY_PACKING constexpr (0: derived in the kernel from the logits dtype + scoring).
