@@ -172,6 +172,9 @@ token-gemv)  # the Triton layer's token GEMVs beside its grouped GEMMs at decode
 token-gemv-tests)
     step token-gemv-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" \
         "$repo/tests/test_triton_token_gemv.py" "$repo/tests/test_api.py" ;;
+token-gemv-prefetch)  # GEMV1 asking L2 for GEMV2's weights, variants side by side (results/token-prefetch-*)
+    step token-gemv-prefetch 300 python3 -m moe2cta.serving_bench.token_gemv_bench --models ${GEMV_MODELS:-all} \
+        --tokens ${GEMV_TOKENS:-1 2 4} --prefetch --json "$out/token-gemv-prefetch.json" ;;
 memcheck-token-gemv)  # compute-sanitizer memcheck on the token GEMV GPU tests (both layouts, masked slots and tails)
     step memcheck-token-gemv 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider \
         --rootdir "$repo" "$repo/tests/test_triton_token_gemv.py" -k "qwen3 or layer_token_path" ;;

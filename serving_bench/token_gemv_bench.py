@@ -182,6 +182,48 @@ def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
     return row
 
 
+# (name, NextWeightsPrefetch, prefetch budget as a fraction of L2 or None for the default)
+PREFETCH_VARIANTS = (
+    ("none", tk.NextWeightsPrefetch.NONE, None),
+    ("l2-first", tk.NextWeightsPrefetch.L2_FIRST, None),
+    ("l2-last", tk.NextWeightsPrefetch.L2_LAST, None),
+    ("l2-first-evict-first", tk.NextWeightsPrefetch.L2_FIRST_STREAM_EVICT_FIRST, None),
+    ("l2-first-pinned", tk.NextWeightsPrefetch.L2_FIRST_PINNED, None),
+    ("l2-first-quarter", tk.NextWeightsPrefetch.L2_FIRST, 0.25),
+    ("l2-first-full", tk.NextWeightsPrefetch.L2_FIRST, 1.0),
+)
+
+
+def prefetch_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int) -> dict:
+    """GEMV1 (packed w13) then GEMV2 with each PREFETCH_VARIANTS entry (GEMV1 asking L2 for GEMV2's weights),
+    rotated routings, two rounds (the second reversed); outputs checked bit-equal to no prefetch first."""
+    device = weights.w13.device
+    sets = _kernel_inputs(preset, weights, num_tokens, 8, seed)
+    w13 = pack_gate_up_rows(weights.w13)
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+
+    def chain(variant, fraction):
+        budget = None if fraction is None else int(l2 * fraction)
+
+        def run(h, ids, w):
+            a2 = tk.token_gemv1(h, ids, w13, preset.activation, b13=weights.b13, w13_layout=W13Layout.CHUNKED,
+                                next_w2=weights.w2, prefetch=variant, prefetch_bytes=budget)
+            return tk.token_gemv2_combine(a2, ids, weights.w2, w, b2=weights.b2, out_dtype=h.dtype)
+        return run
+
+    parts = {name: chain(variant, fraction) for name, variant, fraction in PREFETCH_VARIANTS}
+    expected = parts["none"](*sets[0])
+    row = {"model": preset.name, "tokens": num_tokens, "l2_bytes": l2,
+           "bit_equal": {name: bool(torch.equal(fn(*sets[0]), expected)) for name, fn in parts.items()}}
+    medians = {name: [] for name in parts}
+    for order in (list(parts), list(parts)[::-1]):
+        for name in order:
+            medians[name].append(time_callable(parts[name], sets, device, timing).median_us)
+    row["median_us"] = {name: sum(m) / len(m) for name, m in medians.items()}
+    row["round_medians_us"] = medians
+    return row
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["all"], help="preset names or 'all'")
@@ -189,6 +231,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time each GEMV kernel over a few configs at each T")
     parser.add_argument("--chain", action="store_true",
                         help="only split the token path into its launches (router, GEMV1, GEMV2, their chains)")
+    parser.add_argument("--prefetch", action="store_true",
+                        help="only time GEMV1 + GEMV2 with GEMV1 prefetching GEMV2's weights into L2 (variants)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -202,7 +246,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)
     timing = TimingConfig()
-    rows, sweeps, chains = [], [], []
+    rows, sweeps, chains, prefetches = [], [], [], []
     for preset in presets:
         weights = make_expert_weights(preset, device, seed=args.seed)
         ok, reason = is_supported("triton", torch.empty(1, preset.hidden, dtype=torch.bfloat16, device=device),
@@ -210,6 +254,13 @@ def main(argv=None) -> int:
         if not ok:
             print(f"{preset.name}: triton unsupported: {reason}")
             continue
+        for num_tokens in args.tokens if args.prefetch else ():
+            cell = prefetch_cell(preset, weights, num_tokens, timing, args.seed + num_tokens)
+            prefetches.append(cell)
+            us, base = cell["median_us"], cell["median_us"]["none"]
+            print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(
+                f"{k} {v:7.1f} ({v / base:.3f}){'' if cell['bit_equal'][k] else ' DIFFERS'}" for k, v in us.items()),
+                flush=True)
         for num_tokens in args.tokens if args.chain else ():
             chain = chain_cell(preset, weights, num_tokens, timing, args.seed + num_tokens)
             chains.append(chain)
@@ -220,7 +271,7 @@ def main(argv=None) -> int:
             print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(f"{k} {v:7.1f}" for k, v in us.items())
                   + f" | routing adds {us['layer'] - us['gemvs']:5.1f}, gemvs - gemv1 - gemv2 "
                   f"{us['gemvs'] - us['gemv1'] - us['gemv2']:5.1f} us", flush=True)
-        for num_tokens in () if args.chain else args.tokens:
+        for num_tokens in () if args.chain or args.prefetch else args.tokens:
             row = bench_cell(preset, weights, num_tokens, ceilings, timing, args.seed + num_tokens)
             rows.append(row)
             layers = row["layers"]
@@ -233,7 +284,7 @@ def main(argv=None) -> int:
                     ratios.append(f"{prefix} token/grouped {t['median_us'] / g['median_us']:.3f}")
             print(f"{preset.name:16s} T={num_tokens:<5d} floor {row['floor_us']:8.1f} | {cells} | {'; '.join(ratios)}",
                   flush=True)
-        for num_tokens in args.tokens if args.sweep and not args.chain else ():
+        for num_tokens in args.tokens if args.sweep and not (args.chain or args.prefetch) else ():
             for r in sweep_cell(preset, weights, num_tokens, timing, args.seed):
                 sweeps.append(r)
                 c = r["config"]
@@ -245,7 +296,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ceilings": dataclasses.asdict(ceilings) if dataclasses.is_dataclass(ceilings) else str(ceilings),
-                       "cells": rows, "sweep": sweeps, "chain": chains}, f, indent=1, default=str)
+                       "cells": rows, "sweep": sweeps, "chain": chains, "prefetch": prefetches}, f, indent=1, default=str)
     return 0
 
 
