@@ -213,23 +213,23 @@ def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
 def _prefetch_next_weights(next_w_ptr, experts, slot_ok, n_block, next_stride_we, next_bytes, next_piece,
                            PREFETCH_THREADS: tl.constexpr, PINNED: tl.constexpr):
     # Program n_block of a slot asks L2 for bytes [n_block * PREFETCH_THREADS * next_piece, + PREFETCH_THREADS *
-    # next_piece) of the first next_bytes of the slot's expert in the next stage's weights: one bulk prefetch
-    # (cp.async.bulk.prefetch.L2, sm_90) of next_piece bytes per thread; no registers wait on it.
+    # next_piece) of the first next_bytes of the slot's expert in the next stage's weights (next_stride_we bytes
+    # apart): one bulk prefetch (cp.async.bulk.prefetch.L2, sm_90) of next_piece bytes per thread; nothing waits.
     offs = (n_block * PREFETCH_THREADS + tl.arange(0, PREFETCH_THREADS)).to(tl.int64) * next_piece
-    base = tl.maximum(experts, 0).to(tl.int64) * next_stride_we  # elements
+    base = tl.maximum(experts, 0).to(tl.int64) * next_stride_we  # bytes
     size = tl.minimum(next_bytes - offs, next_piece)  # [PREFETCH_THREADS]
     ok = slot_ok[:, None] & (size > 0)[None, :]
-    addr = next_w_ptr.to(tl.pointer_type(tl.int8)) + (base * next_w_ptr.dtype.element_ty.primitive_bitwidth // 8)[:, None] + offs[None, :]
+    addr = next_w_ptr.to(tl.pointer_type(tl.int8)) + base[:, None] + offs[None, :]
     size2 = tl.broadcast_to(tl.maximum(size, 16).to(tl.int32)[None, :], addr.shape)
     if PINNED:  # L2 keeps these lines over evict_first / normal ones
-        asm: tl.constexpr = ("{ .reg .pred p; .reg .b64 pol; setp.ne.b32 p, $3, 0; "
-                             "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-                             "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.b32 $0, 0; }")
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b64 pol; setp.ne.b32 p, $3, 0; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+            "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.b32 $0, 0; }",
+            "=r,l,r,r", [addr, size2, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
     else:
-        asm: tl.constexpr = ("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
-                             "mov.b32 $0, 0; }")
-    tl.inline_asm_elementwise(asm, "=r,l,r,r", [addr, size2, ok.to(tl.int32)], dtype=tl.int32, is_pure=False,
-                              pack=1)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+            "=r,l,r,r", [addr, size2, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
 def _token_gemv_kernel(
@@ -498,7 +498,7 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
         num_tokens, n_dim, k_dim,
         x.stride(0), w.stride(0), w.stride(1), n_dim * w.stride(1),
         bias.stride(0) if bias is not None else 0, out.stride(0),
-        next_w.stride(0) if prefetch_code else 0, next_bytes, next_piece,
+        next_w.stride(0) * next_w.element_size() if prefetch_code else 0, next_bytes, next_piece,
         PREFETCH=prefetch_code if next_bytes else 0, STREAM_HINT=stream_hint, PREFETCH_THREADS=threads,
         PREFETCH_PINNED=prefetch is NextWeightsPrefetch.L2_FIRST_PINNED,
         TOP_K=top_k, STAGE=1 if stage is GemmStage.GEMM1 else 2,
