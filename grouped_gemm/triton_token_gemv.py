@@ -26,8 +26,8 @@ can ask L2 for a share of GEMV2's w2[e] (one cp.async.bulk.prefetch.L2 per threa
 slot (t, j)'s n-block programs together cover the first min(w2 expert bytes, budget / (T * k)) bytes of
 w2[e_tj] (budget: half of L2 unless given), the rows GEMV2's first programs read. Then the weight stream of
 both GEMVs is one HBM stream and GEMV2 reads what fits from L2. Placement (before or after the program's own
-stream) and L2 priorities (w13 loads evict_first; the prefetched lines evict_last, which a later kernel's
-lines then make way for) are variants to measure; NONE is the default until they are measured
+stream) and L2 priorities (w13 loads evict_first; the prefetched lines evict_last, which outlive normal lines,
+a later kernel's too) are variants to measure; NONE is the default until they are measured
 (docs/perf-notes-triton.md v8).
 
 Warps and pipelines: no warp specialization; all `num_warps` warps load and multiply; the K loop holds the
@@ -534,6 +534,10 @@ def token_gemv1(
     ids of w13, -1 = not here; with a map an id may be -1, slot unused); w13 [E, 2I, H] in `w13_layout`;
     b13 [E, 2I] public order; topk_weights [T, k] fp32 only when the router weight scales the input (it
     multiplies each slot's dot products, before b13).
+    prefetch (not NONE) with next_w2 [E, H, I] (the w2 that token_gemv2_combine reads next): each program also
+    asks L2 for its share of the first min(expert bytes, prefetch_bytes / (T * k)) bytes of its slot's expert in
+    next_w2 (prefetch_bytes None: half of L2; sm_90+ compiled only, elsewhere and for a next_w2 not 16-byte
+    aligned per expert it does nothing). The results do not change.
     """
     if not isinstance(w13_layout, W13Layout):
         raise TypeError(f"w13_layout: expected a W13Layout, got {w13_layout!r}")
@@ -544,7 +548,8 @@ def token_gemv1(
         if not next_w2.is_contiguous() or (isinstance(w13, torch.Tensor) and next_w2.shape[0] != w13.shape[0]):
             raise ValueError(f"next_w2: expected a contiguous [E, H, I] tensor with w13's E experts, got "
                              f"{list(next_w2.shape)}")
-        if prefetch_bytes is not None and (not isinstance(prefetch_bytes, int) or prefetch_bytes < 0):
+        if prefetch_bytes is not None and (isinstance(prefetch_bytes, bool) or not isinstance(prefetch_bytes, int)
+                                           or prefetch_bytes < 0):
             raise ValueError(f"prefetch_bytes: expected an int >= 0 or None, got {prefetch_bytes!r}")
     activation = Activation.parse(activation)
     return _launch(GemmStage.GEMM1, hidden, topk_ids, w13, activation, b13, topk_weights, expert_map, out,
