@@ -64,6 +64,7 @@ from .triton_grouped_gemm import (
 )
 
 __all__ = [
+    "LAYER_PREFETCH",
     "TOKEN_GEMV_LIMITS",
     "TOKEN_GEMV_MAX_TOKENS",
     "NextWeightsPrefetch",
@@ -117,6 +118,11 @@ class NextWeightsPrefetch(enum.Enum):
     L2_LAST = "l2-last"  # the same after its own weight stream
     L2_FIRST_STREAM_EVICT_FIRST = "l2-first-stream-evict-first"  # L2_FIRST, w13 loads marked evict_first
     L2_FIRST_PINNED = "l2-first-pinned"  # L2_FIRST_STREAM_EVICT_FIRST, the prefetched lines marked evict_last
+
+
+# What the layer's token path (moe2cta.api) asks GEMV1 to prefetch for GEMV2: NONE until the variants are measured
+# on an H200 (docs/perf-notes-triton.md v8; `token_gemv_bench --prefetch`).
+LAYER_PREFETCH = NextWeightsPrefetch.NONE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -345,6 +345,40 @@ def test_next_weights_prefetch_changes_no_bit_gpu(shape, num_tokens):
     torch.cuda.synchronize()
 
 
+def _layer_token_path_with_prefetch(monkeypatch, device, prefetch):
+    """The layer's token path output with tk.LAYER_PREFETCH set to `prefetch` (the layer reads it per call)."""
+    from moe2cta import MoELayer, RoutingConfig
+
+    gen = torch.Generator(device=device).manual_seed(3)
+    hidden_size, inter, experts = 128, 32, 16
+    w13 = torch.randn(experts, 2 * inter, hidden_size, device=device, generator=gen).div(hidden_size ** 0.5)
+    w2 = torch.randn(experts, hidden_size, inter, device=device, generator=gen).div(inter ** 0.5)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # the interpreter: no bf16 products
+    layer = MoELayer(w13.to(dtype), w2.to(dtype), routing=RoutingConfig(top_k=4), backend="triton",
+                     token_gemv_max_tokens=3)
+    h = torch.randn(3, hidden_size, device=device, generator=gen).to(dtype)
+    logits = torch.randn(3, experts, device=device, generator=gen)
+    monkeypatch.setattr(tk, "LAYER_PREFETCH", prefetch)
+    return layer(h, logits)
+
+
+def test_layer_token_path_passes_the_prefetch_cpu(interpret, monkeypatch):
+    """MoELayer's token path hands GEMV1 its w2 and tk.LAYER_PREFETCH (argument checks pass; the interpreter has no
+    prefetch, so the output is the same)."""
+    want = _layer_token_path_with_prefetch(monkeypatch, "cpu", tk.NextWeightsPrefetch.NONE)
+    got = _layer_token_path_with_prefetch(monkeypatch, "cpu", tk.NextWeightsPrefetch.L2_FIRST_PINNED)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_layer_token_path_with_each_prefetch_gpu(monkeypatch):
+    """The layer's token path with every LAYER_PREFETCH choice: bit-identical outputs."""
+    want = _layer_token_path_with_prefetch(monkeypatch, "cuda", tk.NextWeightsPrefetch.NONE)
+    for variant in tk.NextWeightsPrefetch:
+        assert torch.equal(_layer_token_path_with_prefetch(monkeypatch, "cuda", variant), want), variant
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_layer_token_path_in_a_replayed_graph_gpu():
