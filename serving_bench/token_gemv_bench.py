@@ -171,15 +171,18 @@ def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
         "layer": lambda h, lg, w, ids, a2: layer(h, lg),
     }
     assert list(parts) == list(CHAIN_PARTS)
-    # Two rounds, the second in reverse order, so that drift of the card's clock during the cell does not
-    # favour a part; each part's figure is the mean of its two medians.
+    row["median_us"], row["round_medians_us"] = _two_rounds(parts, inputs, device, timing)
+    return row
+
+
+def _two_rounds(parts: dict, inputs, device, timing: TimingConfig) -> tuple[dict, dict]:
+    """(mean of each part's two medians, the medians): two rounds, the second in reverse order, so that drift of
+    the card's clock during the cell does not favour a part."""
     medians = {name: [] for name in parts}
     for order in (list(parts), list(parts)[::-1]):
         for name in order:
             medians[name].append(time_callable(parts[name], inputs, device, timing).median_us)
-    row["median_us"] = {name: sum(m) / len(m) for name, m in medians.items()}
-    row["round_medians_us"] = medians
-    return row
+    return {name: sum(m) / len(m) for name, m in medians.items()}, medians
 
 
 # (name, NextWeightsPrefetch, prefetch budget as a fraction of L2 or None for the default)
@@ -215,12 +218,7 @@ def prefetch_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: 
     expected = parts["none"](*sets[0])
     row = {"model": preset.name, "tokens": num_tokens, "l2_bytes": l2,
            "bit_equal": {name: bool(torch.equal(fn(*sets[0]), expected)) for name, fn in parts.items()}}
-    medians = {name: [] for name in parts}
-    for order in (list(parts), list(parts)[::-1]):
-        for name in order:
-            medians[name].append(time_callable(parts[name], sets, device, timing).median_us)
-    row["median_us"] = {name: sum(m) / len(m) for name, m in medians.items()}
-    row["round_medians_us"] = medians
+    row["median_us"], row["round_medians_us"] = _two_rounds(parts, sets, device, timing)
     return row
 
 
