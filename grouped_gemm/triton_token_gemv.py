@@ -120,6 +120,8 @@ class NextWeightsPrefetch(enum.Enum):
     L2_FIRST_PINNED = "l2-first-pinned"  # L2_FIRST_STREAM_EVICT_FIRST, the prefetched lines marked evict_last
 
 
+_STREAM_EVICT_FIRST = (NextWeightsPrefetch.L2_FIRST_STREAM_EVICT_FIRST, NextWeightsPrefetch.L2_FIRST_PINNED)
+
 # What the layer's token path (moe2cta.api) asks GEMV1 to prefetch for GEMV2: NONE until the variants are measured
 # on an H200 (docs/perf-notes-triton.md v8; `token_gemv_bench --prefetch`).
 LAYER_PREFETCH = NextWeightsPrefetch.NONE
@@ -434,7 +436,8 @@ def _prefetch_share(next_w: torch.Tensor, slots: int, pieces: int, budget: int |
 
 
 def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, expert_map, out, config,
-            w13_layout: W13Layout, out_dtype, next_w=None, prefetch=None, prefetch_bytes=None) -> torch.Tensor:
+            w13_layout: W13Layout, out_dtype, next_w=None, prefetch=NextWeightsPrefetch.NONE,
+            prefetch_bytes=None) -> torch.Tensor:
     w_name, b_name = ("w13", "b13") if stage is GemmStage.GEMM1 else ("w2", "b2")
     x_name = "hidden" if stage is GemmStage.GEMM1 else "a2"
     _require(x_name, x, 2, _SUPPORTED_DTYPES)
@@ -492,11 +495,10 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
     dummy = out  # stands in for absent optional pointers (never read: their constexpr flag is off)
     threads = 32 * config.num_warps
     next_bytes, next_piece, prefetch_code = 0, 16, 0
-    if prefetch is not None and prefetch is not NextWeightsPrefetch.NONE and dependent:
+    if prefetch is not NextWeightsPrefetch.NONE and dependent:
         next_bytes, next_piece = _prefetch_share(next_w, num_tokens * top_k, n_blocks * threads, prefetch_bytes)
         prefetch_code = 2 if prefetch is NextWeightsPrefetch.L2_LAST else 1
-    evict_first = (NextWeightsPrefetch.L2_FIRST_STREAM_EVICT_FIRST, NextWeightsPrefetch.L2_FIRST_PINNED)
-    stream_hint = "evict_first" if prefetch_code and prefetch in evict_first else ""
+    stream_hint = "evict_first" if prefetch_code and prefetch in _STREAM_EVICT_FIRST else ""
     _kernel()[grid](
         x, topk_ids, expert_map if expert_map is not None else topk_ids,
         topk_weights if topk_weights is not None else dummy, w, bias if bias is not None else dummy, out,
