@@ -19,6 +19,12 @@ process: the router alone, GEMV1 alone, GEMV2 alone (topk ids / weights given), 
 topk ids / weights) and the whole layer (router logits in), each part timed twice (the second round in reverse
 order) and reported as the mean of its two medians. layer - gemvs is what routing adds to the chain;
 gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves.
+
+--profile runs GEMV1 + GEMV2 eagerly, no timing, for a profiler: each --variants entry of PREFETCH_VARIANTS
+(default: all) PROFILE_ROUNDS times on rotated routings, after a warm-up outside cudaProfilerStart / Stop (run
+it under `ncu --profile-from-start off`). Then, as a plain stream of the same bytes, a row sum (torch's
+reduce_kernel) over the first min(E, T * k) experts' w13 and w2. It prints the launch order, which is the
+profiler's kernel order.
 """
 from __future__ import annotations
 
@@ -222,6 +228,42 @@ def prefetch_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: 
     return row
 
 
+PROFILE_ROUNDS = 3
+
+
+def profile_cell(preset, weights, num_tokens: int, variants: list[str], seed: int) -> list[str]:
+    """Launch GEMV1 + GEMV2 for each variant PROFILE_ROUNDS times between cudaProfilerStart / Stop (warmed up
+    before); returns the launch order, one 'model T variant round stage' entry per kernel."""
+    sets = _kernel_inputs(preset, weights, num_tokens, PROFILE_ROUNDS, seed)
+    w13 = pack_gate_up_rows(weights.w13)
+    l2 = torch.cuda.get_device_properties(weights.w13.device).L2_cache_size
+    chosen = [v for v in PREFETCH_VARIANTS if v[0] in variants]
+
+    def chain(variant, fraction, h, ids, w):
+        a2 = tk.token_gemv1(h, ids, w13, preset.activation, b13=weights.b13, w13_layout=W13Layout.CHUNKED,
+                            next_w2=weights.w2, prefetch=variant,
+                            prefetch_bytes=None if fraction is None else int(l2 * fraction))
+        return tk.token_gemv2_combine(a2, ids, weights.w2, w, b2=weights.b2, out_dtype=h.dtype)
+
+    for _, variant, fraction in chosen:  # compile every variant outside the profiled range
+        chain(variant, fraction, *sets[0])
+    weights.w13[:1].sum(dim=-1, dtype=torch.float32)
+    torch.cuda.synchronize()
+    order = []
+    torch.cuda.profiler.start()
+    for name, variant, fraction in chosen:
+        for index, inputs in enumerate(sets):
+            chain(variant, fraction, *inputs)
+            order += [f"{preset.name} T={num_tokens} {name} round{index} {stage}" for stage in ("gemv1", "gemv2")]
+    experts = min(preset.num_experts, num_tokens * preset.top_k)  # the bytes GEMV1 / GEMV2 read, at T * k experts
+    for label, w in (("w13", weights.w13), ("w2", weights.w2)):
+        w[:experts].sum(dim=-1, dtype=torch.float32)
+        order.append(f"{preset.name} T={num_tokens} plain-read {label} {w[:experts].nbytes} bytes")
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return order
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["all"], help="preset names or 'all'")
@@ -231,6 +273,10 @@ def main(argv=None) -> int:
                         help="only split the token path into its launches (router, GEMV1, GEMV2, their chains)")
     parser.add_argument("--prefetch", action="store_true",
                         help="only time GEMV1 + GEMV2 with GEMV1 prefetching GEMV2's weights into L2 (variants)")
+    parser.add_argument("--profile", action="store_true",
+                        help="only launch GEMV1 + GEMV2 eagerly for a profiler (ncu --profile-from-start off)")
+    parser.add_argument("--variants", nargs="+", default=["all"],
+                        help=f"--profile: PREFETCH_VARIANTS names or 'all' ({', '.join(v[0] for v in PREFETCH_VARIANTS)})")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -239,6 +285,10 @@ def main(argv=None) -> int:
         return 2
     if any(t < 1 for t in args.tokens):
         parser.error(f"--tokens: expected ints >= 1, got {args.tokens}")
+    known = [v[0] for v in PREFETCH_VARIANTS]
+    variants = known if args.variants == ["all"] else args.variants
+    if any(v not in known for v in variants):
+        parser.error(f"--variants: expected names in {known} or 'all', got {args.variants}")
     names = sorted(PRESETS) if args.models == ["all"] else args.models
     presets = [get_preset(name) for name in names]
     device = torch.device("cuda")
@@ -252,14 +302,17 @@ def main(argv=None) -> int:
         if not ok:
             print(f"{preset.name}: triton unsupported: {reason}")
             continue
-        for num_tokens in args.tokens if args.prefetch else ():
+        for num_tokens in args.tokens if args.profile else ():
+            for index, entry in enumerate(profile_cell(preset, weights, num_tokens, variants, args.seed + num_tokens)):
+                print(f"launch {index}: {entry}", flush=True)
+        for num_tokens in args.tokens if args.prefetch and not args.profile else ():
             cell = prefetch_cell(preset, weights, num_tokens, timing, args.seed + num_tokens)
             prefetches.append(cell)
             us, base = cell["median_us"], cell["median_us"]["none"]
             print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(
                 f"{k} {v:7.1f} ({v / base:.3f}){'' if cell['bit_equal'][k] else ' DIFFERS'}" for k, v in us.items()),
                 flush=True)
-        for num_tokens in args.tokens if args.chain else ():
+        for num_tokens in args.tokens if args.chain and not args.profile else ():
             chain = chain_cell(preset, weights, num_tokens, timing, args.seed + num_tokens)
             chains.append(chain)
             if "median_us" not in chain:
@@ -269,7 +322,7 @@ def main(argv=None) -> int:
             print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(f"{k} {v:7.1f}" for k, v in us.items())
                   + f" | routing adds {us['layer'] - us['gemvs']:5.1f}, gemvs - gemv1 - gemv2 "
                   f"{us['gemvs'] - us['gemv1'] - us['gemv2']:5.1f} us", flush=True)
-        for num_tokens in () if args.chain or args.prefetch else args.tokens:
+        for num_tokens in () if args.chain or args.prefetch or args.profile else args.tokens:
             row = bench_cell(preset, weights, num_tokens, ceilings, timing, args.seed + num_tokens)
             rows.append(row)
             layers = row["layers"]
@@ -282,7 +335,7 @@ def main(argv=None) -> int:
                     ratios.append(f"{prefix} token/grouped {t['median_us'] / g['median_us']:.3f}")
             print(f"{preset.name:16s} T={num_tokens:<5d} floor {row['floor_us']:8.1f} | {cells} | {'; '.join(ratios)}",
                   flush=True)
-        for num_tokens in args.tokens if args.sweep and not (args.chain or args.prefetch) else ():
+        for num_tokens in args.tokens if args.sweep and not (args.chain or args.prefetch or args.profile) else ():
             for r in sweep_cell(preset, weights, num_tokens, timing, args.seed):
                 sweeps.append(r)
                 c = r["config"]
