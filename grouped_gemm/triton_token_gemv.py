@@ -21,15 +21,6 @@ into [BLOCK_J, rows] accumulators. No tensor cores: at one row per expert each w
 and the kernel is a weight stream whose depth comes from many small programs per SM and from prefetching
 the next K step's weights into registers (two 8-16 KB weight tiles per program in flight by default).
 
-Next weights (NextWeightsPrefetch, opt-in, sm_90+): GEMV1 knows the experts GEMV2 reads next, so each program
-can ask L2 for a share of GEMV2's w2[e] (one cp.async.bulk.prefetch.L2 per thread, nothing waits on it):
-slot (t, j)'s n-block programs together cover the first min(w2 expert bytes, budget / (T * k)) bytes of
-w2[e_tj] (budget: half of L2 unless given), the rows GEMV2's first programs read. Then the weight stream of
-both GEMVs is one HBM stream and GEMV2 reads what fits from L2. Placement (before or after the program's own
-stream) and L2 priorities (w13 loads evict_first; the prefetched lines evict_last, which outlive normal lines,
-a later kernel's too) are variants to measure; NONE is the default until they are measured
-(docs/perf-notes-triton.md v8).
-
 Warps and pipelines: no warp specialization; all `num_warps` warps load and multiply; the K loop holds the
 current weight tile and the next one's loads in registers (a two-deep software pipeline written out in the
 kernel: Triton's pipeliner only handles loops with a dot). On sm_90+ a launch is a programmatic dependent
@@ -40,12 +31,14 @@ Limits: hidden / a2 and the weights share one dtype in {float16, bfloat16, float
 contiguous weights; any K and N (tails masked; CHUNKED needs I % GATE_UP_CHUNK == 0 and BLOCK_N a multiple
 of it); k <= 64. Weights are read once per slot (tokens share an expert's rows only through L2): the layer
 uses this family only where `token_gemv_applies` (a few tokens, bounded weight bytes; measured,
-docs/perf-notes-triton.md v6), the grouped GEMM elsewhere.
+docs/perf-notes-triton.md v6), the grouped GEMM elsewhere. At T=1 both launches are one-wave kernels whose time
+is the weight stream plus ~3 us of ramp and drain each (a plain read of the same bytes is slower); measured and
+removed: GEMV1 prefetching GEMV2's weights into L2 (v8), deeper register pipelines and GEMV1 routing its own
+tokens (v7), GEMV2's first tile loaded before griddepcontrol.wait (v6).
 """
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 
 import torch
@@ -64,10 +57,8 @@ from .triton_grouped_gemm import (
 )
 
 __all__ = [
-    "LAYER_PREFETCH",
     "TOKEN_GEMV_LIMITS",
     "TOKEN_GEMV_MAX_TOKENS",
-    "NextWeightsPrefetch",
     "TokenGemvConfig",
     "TokenGemvProblem",
     "can_implement",
@@ -108,23 +99,6 @@ def token_gemv_max_tokens(expert_bytes: int, limits=TOKEN_GEMV_LIMITS) -> int:
 def token_gemv_applies(num_tokens: int, expert_bytes: int, limits=TOKEN_GEMV_LIMITS) -> bool:
     """Whether a layer batch of num_tokens tokens runs this family: 1 <= num_tokens <= token_gemv_max_tokens."""
     return 1 <= num_tokens <= token_gemv_max_tokens(expert_bytes, limits)
-
-
-class NextWeightsPrefetch(enum.Enum):
-    """What GEMV1 does with GEMV2's weights: the experts GEMV1 multiplies are the ones GEMV2 reads next."""
-
-    NONE = "none"
-    L2_FIRST = "l2-first"  # each program asks L2 for its share of w2[e] (bulk prefetch) before its own loads
-    L2_LAST = "l2-last"  # the same after its own weight stream
-    L2_FIRST_STREAM_EVICT_FIRST = "l2-first-stream-evict-first"  # L2_FIRST, w13 loads marked evict_first
-    L2_FIRST_PINNED = "l2-first-pinned"  # L2_FIRST_STREAM_EVICT_FIRST, the prefetched lines marked evict_last
-
-
-_STREAM_EVICT_FIRST = (NextWeightsPrefetch.L2_FIRST_STREAM_EVICT_FIRST, NextWeightsPrefetch.L2_FIRST_PINNED)
-
-# What the layer's token path (moe2cta.api) asks GEMV1 to prefetch for GEMV2: NONE until the variants are measured
-# on an H200 (docs/perf-notes-triton.md v8; `token_gemv_bench --prefetch`).
-LAYER_PREFETCH = NextWeightsPrefetch.NONE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,37 +192,13 @@ def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
 # builtins and the per-mode helpers _add / _gated_activation, so it runs in the interpreter too).
 
 
-def _prefetch_next_weights(next_w_ptr, experts, slot_ok, n_block, next_stride_we, next_bytes, next_piece,
-                           PREFETCH_THREADS: tl.constexpr, PINNED: tl.constexpr):
-    # Program n_block of a slot asks L2 for bytes [n_block * PREFETCH_THREADS * next_piece, + PREFETCH_THREADS *
-    # next_piece) of the first next_bytes of the slot's expert in the next stage's weights (next_stride_we bytes
-    # apart): one bulk prefetch (cp.async.bulk.prefetch.L2, sm_90) of next_piece bytes per thread; nothing waits.
-    offs = (n_block * PREFETCH_THREADS + tl.arange(0, PREFETCH_THREADS)).to(tl.int64) * next_piece
-    base = tl.maximum(experts, 0).to(tl.int64) * next_stride_we  # bytes
-    size = tl.minimum(next_bytes - offs, next_piece)  # [PREFETCH_THREADS]
-    ok = slot_ok[:, None] & (size > 0)[None, :]
-    addr = next_w_ptr.to(tl.pointer_type(tl.int8)) + base[:, None] + offs[None, :]
-    size2 = tl.broadcast_to(tl.maximum(size, 16).to(tl.int32)[None, :], addr.shape)
-    if PINNED:  # L2 keeps these lines over evict_first / normal ones
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .b64 pol; setp.ne.b32 p, $3, 0; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-            "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.b32 $0, 0; }",
-            "=r,l,r,r", [addr, size2, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-            "=r,l,r,r", [addr, size2, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
 def _token_gemv_kernel(
-    x_ptr, ids_ptr, map_ptr, topk_w_ptr, w_ptr, bias_ptr, out_ptr, next_w_ptr,
+    x_ptr, ids_ptr, map_ptr, topk_w_ptr, w_ptr, bias_ptr, out_ptr,
     num_tokens, N, K,
     stride_xm, stride_we, stride_wn, up_offset, stride_be, stride_om,
-    next_stride_we, next_bytes, next_piece,
     TOP_K: tl.constexpr, STAGE: tl.constexpr, ACTIVATION: tl.constexpr, HAS_MAP: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr, HAS_BIAS: tl.constexpr, W13_CHUNK: tl.constexpr, EVEN_K: tl.constexpr,
-    DEPENDENT_LAUNCH: tl.constexpr, PREFETCH: tl.constexpr, STREAM_HINT: tl.constexpr,
-    PREFETCH_THREADS: tl.constexpr, PREFETCH_PINNED: tl.constexpr,
+    DEPENDENT_LAUNCH: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # STAGE 1: GEMV1 (gated; x = hidden [T, K]; HAS_WEIGHTS: the router weight scales x, on the input)
@@ -274,10 +224,6 @@ def _token_gemv_kernel(
     if HAS_WEIGHTS:
         slot_w = tl.load(topk_w_ptr + slots, mask=slot_ok, other=0.0)  # fp32 [BLOCK_J]
 
-    if PREFETCH == 1:  # this program's share of the next stage's weights of its experts, into L2, first
-        _prefetch_next_weights(next_w_ptr, experts, slot_ok, n_block, next_stride_we, next_bytes, next_piece,
-                               PREFETCH_THREADS, PREFETCH_PINNED)
-
     offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     w_n = (offs_n % N).to(tl.int64)  # wrapped: weight rows need no N mask
@@ -301,17 +247,16 @@ def _token_gemv_kernel(
     # has no dot, so Triton's pipeliner leaves it alone). Loads past K are masked off (no memory traffic).
     w_mask = slot_ok[:, None, None]
     k_ok = offs_k < K
-    w_cur = tl.load(w_ptrs, mask=w_mask & k_ok[None, None, :], other=0.0, eviction_policy=STREAM_HINT)
+    w_cur = tl.load(w_ptrs, mask=w_mask & k_ok[None, None, :], other=0.0)
     if STAGE == 1 and W13_CHUNK == 0:
-        u_cur = tl.load(w_ptrs + up_offset, mask=w_mask & k_ok[None, None, :], other=0.0,
-                        eviction_policy=STREAM_HINT)
+        u_cur = tl.load(w_ptrs + up_offset, mask=w_mask & k_ok[None, None, :], other=0.0)
     for k0 in range(0, K, BLOCK_K):
         k_ok = (k0 + offs_k) < K
         next_mask = w_mask & ((k0 + BLOCK_K + offs_k) < K)[None, None, :]
         w_ptrs += BLOCK_K
-        w_next = tl.load(w_ptrs, mask=next_mask, other=0.0, eviction_policy=STREAM_HINT)
+        w_next = tl.load(w_ptrs, mask=next_mask, other=0.0)
         if STAGE == 1 and W13_CHUNK == 0:
-            u_next = tl.load(w_ptrs + up_offset, mask=next_mask, other=0.0, eviction_policy=STREAM_HINT)
+            u_next = tl.load(w_ptrs + up_offset, mask=next_mask, other=0.0)
         if STAGE == 1:
             if EVEN_K:
                 x = tl.load(x_ptr + x_row + k0 + offs_k).to(tl.float32)[None, None, :]
@@ -328,10 +273,6 @@ def _token_gemv_kernel(
         if STAGE == 1 and W13_CHUNK == 0:
             acc_up += tl.reduce(u_cur.to(tl.float32) * x, 2, _add)
             u_cur = u_next
-
-    if PREFETCH == 2:  # the same share after this program's own weight stream
-        _prefetch_next_weights(next_w_ptr, experts, slot_ok, n_block, next_stride_we, next_bytes, next_piece,
-                               PREFETCH_THREADS, PREFETCH_PINNED)
 
     y = acc  # [BLOCK_J, rows]
     if STAGE == 1 and HAS_WEIGHTS:  # router weight on the input: (w x) . row = w (x . row), before the bias
@@ -371,7 +312,6 @@ def _jitted_kernel(interpret: bool):
     del interpret  # part of the cache key only (triton reads its mode when it decorates)
     namespace = dict(globals())
     namespace.update(_decorated_helpers())
-    namespace["_prefetch_next_weights"] = _decorated(_prefetch_next_weights, namespace)
     # num_tokens varies with the batch: specializing on it would compile per T.
     return _decorated(_token_gemv_kernel, namespace, do_not_specialize=["num_tokens"])
 
@@ -415,29 +355,8 @@ def _check_optional(name, t, shape, device, dtypes=None) -> None:
                          f"{'' if t.is_contiguous() else ' (not contiguous)'}")
 
 
-@functools.lru_cache(maxsize=16)
-def _l2_bytes(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).L2_cache_size)
-
-
-def _prefetch_share(next_w: torch.Tensor, slots: int, pieces: int, budget: int | None) -> tuple[int, int]:
-    """(bytes of each slot's expert in next_w to prefetch, bytes per piece; 0 = none): the first
-    min(expert bytes, budget / slots) of each expert, split into `pieces` pieces of a multiple of 16 bytes.
-    budget None: half of the device's L2."""
-    if budget is None:
-        device = next_w.device
-        budget = _l2_bytes(device.index if device.index is not None else torch.cuda.current_device()) // 2
-    expert_bytes = next_w.stride(0) * next_w.element_size()
-    if next_w.data_ptr() % 16 or expert_bytes % 16:
-        return 0, 16  # the bulk prefetch needs 16-byte aligned addresses and sizes
-    per_slot = min(expert_bytes, budget // max(1, slots)) // 16 * 16
-    piece = max(16, -(-per_slot // (pieces * 16)) * 16)
-    return per_slot, piece
-
-
 def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, expert_map, out, config,
-            w13_layout: W13Layout, out_dtype, next_w=None, prefetch=NextWeightsPrefetch.NONE,
-            prefetch_bytes=None) -> torch.Tensor:
+            w13_layout: W13Layout, out_dtype) -> torch.Tensor:
     w_name, b_name = ("w13", "b13") if stage is GemmStage.GEMM1 else ("w2", "b2")
     x_name = "hidden" if stage is GemmStage.GEMM1 else "a2"
     _require(x_name, x, 2, _SUPPORTED_DTYPES)
@@ -489,26 +408,15 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
     if num_tokens == 0 or n_dim == 0:
         return out
     groups = -(-top_k // config.block_j)
-    n_blocks = -(-n_dim // config.block_n)
-    grid = (num_tokens * groups * n_blocks,)
+    grid = (num_tokens * groups * -(-n_dim // config.block_n),)
     dependent = _dependent_launch_supported(device)
     dummy = out  # stands in for absent optional pointers (never read: their constexpr flag is off)
-    threads = 32 * config.num_warps
-    next_bytes, next_piece, prefetch_code = 0, 16, 0
-    if prefetch is not NextWeightsPrefetch.NONE and dependent:
-        next_bytes, next_piece = _prefetch_share(next_w, num_tokens * top_k, n_blocks * threads, prefetch_bytes)
-        prefetch_code = 2 if prefetch is NextWeightsPrefetch.L2_LAST else 1
-    stream_hint = "evict_first" if prefetch_code and prefetch in _STREAM_EVICT_FIRST else ""
     _kernel()[grid](
         x, topk_ids, expert_map if expert_map is not None else topk_ids,
         topk_weights if topk_weights is not None else dummy, w, bias if bias is not None else dummy, out,
-        next_w if prefetch_code else dummy,
         num_tokens, n_dim, k_dim,
         x.stride(0), w.stride(0), w.stride(1), n_dim * w.stride(1),
         bias.stride(0) if bias is not None else 0, out.stride(0),
-        next_w.stride(0) * next_w.element_size() if prefetch_code else 0, next_bytes, next_piece,
-        PREFETCH=prefetch_code if next_bytes else 0, STREAM_HINT=stream_hint, PREFETCH_THREADS=threads,
-        PREFETCH_PINNED=prefetch is NextWeightsPrefetch.L2_FIRST_PINNED,
         TOP_K=top_k, STAGE=1 if stage is GemmStage.GEMM1 else 2,
         ACTIVATION=_ACTIVATION_CODE[activation] if activation is not None else 0,
         HAS_MAP=expert_map is not None, HAS_WEIGHTS=topk_weights is not None, HAS_BIAS=bias is not None,
@@ -531,9 +439,6 @@ def token_gemv1(
     out: torch.Tensor | None = None,
     config: TokenGemvConfig | None = None,
     w13_layout: W13Layout = W13Layout.GATE_THEN_UP,
-    next_w2: torch.Tensor | None = None,
-    prefetch: NextWeightsPrefetch = NextWeightsPrefetch.NONE,
-    prefetch_bytes: int | None = None,
 ) -> torch.Tensor:
     """GEMV1 -> a2 [T * k, I] in hidden's dtype, row t * k + j = act of slot (t, j) (slots of experts mapped
     to -1 are not written).
@@ -542,27 +447,12 @@ def token_gemv1(
     ids of w13, -1 = not here; with a map an id may be -1, slot unused); w13 [E, 2I, H] in `w13_layout`;
     b13 [E, 2I] public order; topk_weights [T, k] fp32 only when the router weight scales the input (it
     multiplies each slot's dot products, before b13).
-    prefetch (not NONE) with next_w2 [E, H, I] (the w2 that token_gemv2_combine reads next): each program also
-    asks L2 for its share of the first min(expert bytes, prefetch_bytes / (T * k)) bytes of its slot's expert in
-    next_w2 (prefetch_bytes None: half of L2; sm_90+ compiled only, elsewhere and for a next_w2 not 16-byte
-    aligned per expert it does nothing). The results do not change.
     """
     if not isinstance(w13_layout, W13Layout):
         raise TypeError(f"w13_layout: expected a W13Layout, got {w13_layout!r}")
-    if not isinstance(prefetch, NextWeightsPrefetch):
-        raise TypeError(f"prefetch: expected a NextWeightsPrefetch, got {prefetch!r}")
-    if prefetch is not NextWeightsPrefetch.NONE:
-        _require("next_w2", next_w2, 3, None, w13.device if isinstance(w13, torch.Tensor) else None)
-        if not next_w2.is_contiguous() or (isinstance(w13, torch.Tensor) and next_w2.shape[0] != w13.shape[0]):
-            raise ValueError(f"next_w2: expected a contiguous [E, H, I] tensor with w13's E experts, got "
-                             f"{list(next_w2.shape)}")
-        if prefetch_bytes is not None and (isinstance(prefetch_bytes, bool) or not isinstance(prefetch_bytes, int)
-                                           or prefetch_bytes < 0):
-            raise ValueError(f"prefetch_bytes: expected an int >= 0 or None, got {prefetch_bytes!r}")
     activation = Activation.parse(activation)
     return _launch(GemmStage.GEMM1, hidden, topk_ids, w13, activation, b13, topk_weights, expert_map, out,
-                   config, w13_layout, hidden.dtype if isinstance(hidden, torch.Tensor) else None,
-                   next_w2, prefetch, prefetch_bytes)
+                   config, w13_layout, hidden.dtype if isinstance(hidden, torch.Tensor) else None)
 
 
 def token_gemv2_combine(

@@ -472,7 +472,7 @@ def _forward_triton_tokens(layer: "MoELayer", hidden, topk_weights, topk_ids):
     w13, layout = _kernel_w13(layer)
     a2 = gemv.token_gemv1(hidden, topk_ids, w13, layer.config.activation, b13=layer.b13,
                           topk_weights=topk_weights if on_input else None, expert_map=layer.expert_map,
-                          w13_layout=layout, next_w2=layer.w2, prefetch=gemv.LAYER_PREFETCH)
+                          w13_layout=layout)
     return gemv.token_gemv2_combine(a2, topk_ids, layer.w2, None if on_input else topk_weights, b2=layer.b2,
                                     expert_map=layer.expert_map, out_dtype=hidden.dtype)
 

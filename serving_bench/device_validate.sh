@@ -172,27 +172,22 @@ token-gemv)  # the Triton layer's token GEMVs beside its grouped GEMMs at decode
 token-gemv-tests)
     step token-gemv-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" \
         "$repo/tests/test_triton_token_gemv.py" "$repo/tests/test_api.py" ;;
-token-gemv-prefetch)  # GEMV1 asking L2 for GEMV2's weights, variants side by side (results/token-prefetch-*)
-    step token-gemv-prefetch 300 python3 -m moe2cta.serving_bench.token_gemv_bench --models ${GEMV_MODELS:-all} \
-        --tokens ${GEMV_TOKENS:-1 2 4} --prefetch --json "$out/token-gemv-prefetch.json" ;;
 token-gemv-ncu)  # Nsight Compute, application replay, L2 kept between kernels: time, DRAM bytes, L2 hit rate of GEMV1
-    # and GEMV2 per prefetch variant (GEMV_VARIANTS), and of a plain read of the same bytes
+    # and GEMV2 (three rotated routings) and of a plain read of the same bytes (results/token-prefetch-*)
     for cell in ${GEMV_NCU_CELLS:-qwen3-30b-a3b:1 gpt-oss-120b:1}; do
         # shellcheck disable=SC2086
         step "token-gemv-ncu-${cell/:/-}" 200 ncu --profile-from-start off --replay-mode application --cache-control none \
             --clock-control none --csv --kernel-name regex:"_token_gemv_kernel|reduce_kernel" --metrics "${NCU_METRICS:-\
 gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second,\
 dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active}" \
-            python3 -m moe2cta.serving_bench.token_gemv_bench --profile --models "${cell%%:*}" --tokens "${cell##*:}" \
-            --variants ${GEMV_VARIANTS:-all}
+            python3 -m moe2cta.serving_bench.token_gemv_bench --profile --models "${cell%%:*}" --tokens "${cell##*:}"
     done ;;
-token-gemv-ncu-stalls)  # Nsight Compute sections of GEMV1 / GEMV2 without prefetch and the plain read (caches flushed)
+token-gemv-ncu-stalls)  # Nsight Compute sections of GEMV1 / GEMV2 and the plain read (caches flushed)
     for cell in ${GEMV_NCU_CELLS:-qwen3-30b-a3b:1 gpt-oss-120b:1}; do
         step "token-gemv-ncu-stalls-${cell/:/-}" 200 ncu --profile-from-start off --clock-control none \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
             --section LaunchStats --section Occupancy --kernel-name regex:"_token_gemv_kernel|reduce_kernel" \
-            python3 -m moe2cta.serving_bench.token_gemv_bench --profile --models "${cell%%:*}" --tokens "${cell##*:}" \
-            --variants none
+            python3 -m moe2cta.serving_bench.token_gemv_bench --profile --models "${cell%%:*}" --tokens "${cell##*:}"
     done ;;
 memcheck-token-gemv)  # compute-sanitizer memcheck on the token GEMV GPU tests (both layouts, masked slots and tails)
     step memcheck-token-gemv 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider \

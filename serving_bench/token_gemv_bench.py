@@ -20,10 +20,9 @@ topk ids / weights) and the whole layer (router logits in), each part timed twic
 order) and reported as the mean of its two medians. layer - gemvs is what routing adds to the chain;
 gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves.
 
---profile runs GEMV1 + GEMV2 eagerly, no timing, for a profiler: each --variants entry of PREFETCH_VARIANTS
-(default: all) PROFILE_ROUNDS times on rotated routings, after a warm-up outside cudaProfilerStart / Stop (run
-it under `ncu --profile-from-start off`). Then, as a plain stream of the same bytes, a row sum (torch's
-reduce_kernel) over the first min(E, T * k) experts' w13 and w2. It prints the launch order, which is the
+--profile runs GEMV1 + GEMV2 eagerly, no timing, for a profiler: PROFILE_ROUNDS times on rotated routings,
+after a warm-up outside cudaProfilerStart / Stop (run it under `ncu --profile-from-start off`). Then, as a plain
+stream of the same bytes, a row sum (torch's reduce_kernel) over the first min(E, T * k) experts' w13 and w2. It prints the launch order, which is the
 profiler's kernel order.
 """
 from __future__ import annotations
@@ -191,71 +190,29 @@ def _two_rounds(parts: dict, inputs, device, timing: TimingConfig) -> tuple[dict
     return {name: sum(m) / len(m) for name, m in medians.items()}, medians
 
 
-# (name, NextWeightsPrefetch, prefetch budget as a fraction of L2 or None for the default)
-PREFETCH_VARIANTS = (
-    ("none", tk.NextWeightsPrefetch.NONE, None),
-    ("l2-first", tk.NextWeightsPrefetch.L2_FIRST, None),
-    ("l2-last", tk.NextWeightsPrefetch.L2_LAST, None),
-    ("l2-first-evict-first", tk.NextWeightsPrefetch.L2_FIRST_STREAM_EVICT_FIRST, None),
-    ("l2-first-pinned", tk.NextWeightsPrefetch.L2_FIRST_PINNED, None),
-    ("l2-first-quarter", tk.NextWeightsPrefetch.L2_FIRST, 0.25),
-    ("l2-first-full", tk.NextWeightsPrefetch.L2_FIRST, 1.0),
-)
-
-
-def prefetch_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int) -> dict:
-    """GEMV1 (packed w13) then GEMV2 with each PREFETCH_VARIANTS entry (GEMV1 asking L2 for GEMV2's weights),
-    rotated routings, two rounds (the second reversed); outputs checked bit-equal to no prefetch first."""
-    device = weights.w13.device
-    sets = _kernel_inputs(preset, weights, num_tokens, 8, seed)
-    w13 = pack_gate_up_rows(weights.w13)
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-
-    def chain(variant, fraction):
-        budget = None if fraction is None else int(l2 * fraction)
-
-        def run(h, ids, w):
-            a2 = tk.token_gemv1(h, ids, w13, preset.activation, b13=weights.b13, w13_layout=W13Layout.CHUNKED,
-                                next_w2=weights.w2, prefetch=variant, prefetch_bytes=budget)
-            return tk.token_gemv2_combine(a2, ids, weights.w2, w, b2=weights.b2, out_dtype=h.dtype)
-        return run
-
-    parts = {name: chain(variant, fraction) for name, variant, fraction in PREFETCH_VARIANTS}
-    expected = parts["none"](*sets[0])
-    row = {"model": preset.name, "tokens": num_tokens, "l2_bytes": l2,
-           "bit_equal": {name: bool(torch.equal(fn(*sets[0]), expected)) for name, fn in parts.items()}}
-    row["median_us"], row["round_medians_us"] = _two_rounds(parts, sets, device, timing)
-    return row
-
-
 PROFILE_ROUNDS = 3
 
 
-def profile_cell(preset, weights, num_tokens: int, variants: list[str], seed: int) -> list[str]:
-    """Launch GEMV1 + GEMV2 for each variant PROFILE_ROUNDS times between cudaProfilerStart / Stop (warmed up
-    before); returns the launch order, one 'model T variant round stage' entry per kernel."""
+def profile_cell(preset, weights, num_tokens: int, seed: int) -> list[str]:
+    """Launch GEMV1 (packed w13) + GEMV2 PROFILE_ROUNDS times on rotated routings, then a plain row sum over the
+    same bytes, between cudaProfilerStart / Stop (warmed up before); returns the launch order, one entry per
+    kernel."""
     sets = _kernel_inputs(preset, weights, num_tokens, PROFILE_ROUNDS, seed)
     w13 = pack_gate_up_rows(weights.w13)
-    l2 = torch.cuda.get_device_properties(weights.w13.device).L2_cache_size
-    chosen = [v for v in PREFETCH_VARIANTS if v[0] in variants]
+    experts = min(preset.num_experts, num_tokens * preset.top_k)  # the bytes GEMV1 / GEMV2 read, at T * k experts
 
-    def chain(variant, fraction, h, ids, w):
-        a2 = tk.token_gemv1(h, ids, w13, preset.activation, b13=weights.b13, w13_layout=W13Layout.CHUNKED,
-                            next_w2=weights.w2, prefetch=variant,
-                            prefetch_bytes=None if fraction is None else int(l2 * fraction))
+    def chain(h, ids, w):
+        a2 = tk.token_gemv1(h, ids, w13, preset.activation, b13=weights.b13, w13_layout=W13Layout.CHUNKED)
         return tk.token_gemv2_combine(a2, ids, weights.w2, w, b2=weights.b2, out_dtype=h.dtype)
 
-    for _, variant, fraction in chosen:  # compile every variant outside the profiled range
-        chain(variant, fraction, *sets[0])
+    chain(*sets[0])  # compile outside the profiled range
     weights.w13[:1].sum(dim=-1, dtype=torch.float32)
     torch.cuda.synchronize()
     order = []
     torch.cuda.profiler.start()
-    for name, variant, fraction in chosen:
-        for index, inputs in enumerate(sets):
-            chain(variant, fraction, *inputs)
-            order += [f"{preset.name} T={num_tokens} {name} round{index} {stage}" for stage in ("gemv1", "gemv2")]
-    experts = min(preset.num_experts, num_tokens * preset.top_k)  # the bytes GEMV1 / GEMV2 read, at T * k experts
+    for index, inputs in enumerate(sets):
+        chain(*inputs)
+        order += [f"{preset.name} T={num_tokens} round{index} {stage}" for stage in ("gemv1", "gemv2")]
     for label, w in (("w13", weights.w13), ("w2", weights.w2)):
         w[:experts].sum(dim=-1, dtype=torch.float32)
         order.append(f"{preset.name} T={num_tokens} plain-read {label} {w[:experts].nbytes} bytes")
@@ -271,12 +228,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time each GEMV kernel over a few configs at each T")
     parser.add_argument("--chain", action="store_true",
                         help="only split the token path into its launches (router, GEMV1, GEMV2, their chains)")
-    parser.add_argument("--prefetch", action="store_true",
-                        help="only time GEMV1 + GEMV2 with GEMV1 prefetching GEMV2's weights into L2 (variants)")
     parser.add_argument("--profile", action="store_true",
                         help="only launch GEMV1 + GEMV2 eagerly for a profiler (ncu --profile-from-start off)")
-    parser.add_argument("--variants", nargs="+", default=["all"],
-                        help=f"--profile: PREFETCH_VARIANTS names or 'all' ({', '.join(v[0] for v in PREFETCH_VARIANTS)})")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -285,16 +238,12 @@ def main(argv=None) -> int:
         return 2
     if any(t < 1 for t in args.tokens):
         parser.error(f"--tokens: expected ints >= 1, got {args.tokens}")
-    known = [v[0] for v in PREFETCH_VARIANTS]
-    variants = known if args.variants == ["all"] else args.variants
-    if any(v not in known for v in variants):
-        parser.error(f"--variants: expected names in {known} or 'all', got {args.variants}")
     names = sorted(PRESETS) if args.models == ["all"] else args.models
     presets = [get_preset(name) for name in names]
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)
     timing = TimingConfig()
-    rows, sweeps, chains, prefetches = [], [], [], []
+    rows, sweeps, chains = [], [], []
     for preset in presets:
         weights = make_expert_weights(preset, device, seed=args.seed)
         ok, reason = is_supported("triton", torch.empty(1, preset.hidden, dtype=torch.bfloat16, device=device),
@@ -303,15 +252,8 @@ def main(argv=None) -> int:
             print(f"{preset.name}: triton unsupported: {reason}")
             continue
         for num_tokens in args.tokens if args.profile else ():
-            for index, entry in enumerate(profile_cell(preset, weights, num_tokens, variants, args.seed + num_tokens)):
+            for index, entry in enumerate(profile_cell(preset, weights, num_tokens, args.seed + num_tokens)):
                 print(f"launch {index}: {entry}", flush=True)
-        for num_tokens in args.tokens if args.prefetch and not args.profile else ():
-            cell = prefetch_cell(preset, weights, num_tokens, timing, args.seed + num_tokens)
-            prefetches.append(cell)
-            us, base = cell["median_us"], cell["median_us"]["none"]
-            print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(
-                f"{k} {v:7.1f} ({v / base:.3f}){'' if cell['bit_equal'][k] else ' DIFFERS'}" for k, v in us.items()),
-                flush=True)
         for num_tokens in args.tokens if args.chain and not args.profile else ():
             chain = chain_cell(preset, weights, num_tokens, timing, args.seed + num_tokens)
             chains.append(chain)
@@ -322,7 +264,7 @@ def main(argv=None) -> int:
             print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(f"{k} {v:7.1f}" for k, v in us.items())
                   + f" | routing adds {us['layer'] - us['gemvs']:5.1f}, gemvs - gemv1 - gemv2 "
                   f"{us['gemvs'] - us['gemv1'] - us['gemv2']:5.1f} us", flush=True)
-        for num_tokens in () if args.chain or args.prefetch or args.profile else args.tokens:
+        for num_tokens in () if args.chain or args.profile else args.tokens:
             row = bench_cell(preset, weights, num_tokens, ceilings, timing, args.seed + num_tokens)
             rows.append(row)
             layers = row["layers"]
@@ -335,7 +277,7 @@ def main(argv=None) -> int:
                     ratios.append(f"{prefix} token/grouped {t['median_us'] / g['median_us']:.3f}")
             print(f"{preset.name:16s} T={num_tokens:<5d} floor {row['floor_us']:8.1f} | {cells} | {'; '.join(ratios)}",
                   flush=True)
-        for num_tokens in args.tokens if args.sweep and not (args.chain or args.prefetch or args.profile) else ():
+        for num_tokens in args.tokens if args.sweep and not (args.chain or args.profile) else ():
             for r in sweep_cell(preset, weights, num_tokens, timing, args.seed):
                 sweeps.append(r)
                 c = r["config"]
@@ -347,7 +289,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ceilings": dataclasses.asdict(ceilings) if dataclasses.is_dataclass(ceilings) else str(ceilings),
-                       "cells": rows, "sweep": sweeps, "chain": chains, "prefetch": prefetches}, f, indent=1, default=str)
+                       "cells": rows, "sweep": sweeps, "chain": chains}, f, indent=1, default=str)
     return 0
 
 

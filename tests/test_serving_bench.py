@@ -640,15 +640,3 @@ def test_router_bench_variant_specs():
         parse_variant("v3,lanes=4")
     with pytest.raises(ValueError, match="group_reduce: expected one of"):
         parse_variant("v3,groups=pairwise")
-
-
-def test_token_gemv_bench_prefetch_variants():
-    """--prefetch times every NextWeightsPrefetch member, NONE as the baseline, names unique."""
-    from moe2cta.grouped_gemm import triton_token_gemv as tk
-    from moe2cta.serving_bench import token_gemv_bench as tgb
-
-    names = [name for name, _, _ in tgb.PREFETCH_VARIANTS]
-    assert names[0] == "none" and tgb.PREFETCH_VARIANTS[0][1] is tk.NextWeightsPrefetch.NONE
-    assert len(set(names)) == len(names)
-    assert {variant for _, variant, _ in tgb.PREFETCH_VARIANTS} == set(tk.NextWeightsPrefetch)
-    assert all(fraction is None or 0 < fraction <= 1 for _, _, fraction in tgb.PREFETCH_VARIANTS)

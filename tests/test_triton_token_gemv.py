@@ -197,14 +197,6 @@ def test_argument_errors():
         tk.token_gemv1(h, ids, w13, activation="relu")
     with pytest.raises(TypeError, match="^config: expected a TokenGemvConfig"):
         tk.token_gemv1(h, ids, w13, config=(1, 8, 32))
-    with pytest.raises(TypeError, match="^prefetch: expected a NextWeightsPrefetch"):
-        tk.token_gemv1(h, ids, w13, next_w2=w2, prefetch="l2-first")
-    with pytest.raises(TypeError, match="^next_w2: expected a torch.Tensor"):
-        tk.token_gemv1(h, ids, w13, prefetch=tk.NextWeightsPrefetch.L2_FIRST)
-    with pytest.raises(ValueError, match="^next_w2: expected a contiguous \\[E, H, I\\] tensor with w13's E"):
-        tk.token_gemv1(h, ids, w13, next_w2=w2[:2], prefetch=tk.NextWeightsPrefetch.L2_FIRST)
-    with pytest.raises(ValueError, match="^prefetch_bytes: expected an int >= 0"):
-        tk.token_gemv1(h, ids, w13, next_w2=w2, prefetch=tk.NextWeightsPrefetch.L2_FIRST, prefetch_bytes=-1)
     with pytest.raises(ValueError, match="^config: block_j 1 < top_k 2"):
         tk.token_gemv2_combine(torch.zeros(4, 16), ids, w2, config=tk.TokenGemvConfig(1, 8, 32))
     with pytest.raises(ValueError, match="^a2: expected T \\* k = 4 rows"):
@@ -215,17 +207,6 @@ def test_argument_errors():
         tk.token_gemv2_combine(torch.zeros(4, 16), ids, w2, expert_map=torch.zeros(4))
     with pytest.raises(ValueError, match="^out: expected torch.float32 \\[2, 32\\]"):
         tk.token_gemv2_combine(torch.zeros(4, 16), ids, w2, out=torch.zeros(2, 16))
-
-
-def test_prefetch_share_covers_each_slot_once():
-    """Each slot's prefetched bytes: the first min(expert bytes, budget / slots) in 16-byte multiples, and the
-    programs' pieces (pieces x piece bytes) cover them."""
-    w2 = torch.zeros(4, 64, 32, dtype=torch.bfloat16)  # 4096 bytes per expert
-    for slots, pieces, budget, want in ((2, 128, 1 << 20, 4096), (2, 128, 1000, 496), (8, 4, 4096, 512),
-                                        (1, 1, 0, 0)):
-        per_slot, piece = tk._prefetch_share(w2, slots, pieces, budget)
-        assert per_slot == want and piece % 16 == 0 and piece >= 16 and pieces * piece >= per_slot
-    assert tk._prefetch_share(w2[:, :, 1:], 2, 128, 1 << 20)[0] == 0  # not 16-byte aligned: no prefetch
 
 
 _COMPILE_SCRIPT = """
@@ -263,27 +244,20 @@ with tempfile.TemporaryDirectory() as tmp:
                           capture_output=True, text=True).stderr
 print(json.dumps({"spills": sum(int(x) for x in re.findall(r"(\\d+) bytes spill", info)),
                   "registers": max(int(x) for x in re.findall(r"Used (\\d+) registers", info)),
-                  "vector_loads": len(re.findall(r"ld\\.global[.\\w:]*\\.v4", ptx)), "gdc_wait": "griddepcontrol.wait" in ptx,
-                  "gdc_launch": "griddepcontrol.launch_dependents" in ptx, "atomics": "atom." in ptx,
-                  "l2_prefetches": ptx.count("cp.async.bulk.prefetch.L2.global"),
-                  "pinned_prefetches": ptx.count("cp.async.bulk.prefetch.L2.global.L2::cache_hint"),
-                  "evict_first_loads": len(re.findall(r"ld\\.global[^;]*L2::cache_hint", ptx))}))
+                  "vector_loads": ptx.count("ld.global.v4"), "gdc_wait": "griddepcontrol.wait" in ptx,
+                  "gdc_launch": "griddepcontrol.launch_dependents" in ptx, "atomics": "atom." in ptx}))
 """
 
 
-@pytest.mark.parametrize("stage,chunk,block_j,block_n,block_k,prefetch,hint", [
-    (1, 8, 1, 8, 512, 0, ""), (1, 0, 1, 16, 256, 0, ""), (2, 0, 8, 4, 256, 0, ""),
-    (1, 8, 1, 8, 256, 1, ""), (1, 8, 1, 8, 256, 2, ""), (1, 8, 1, 8, 256, 1, "evict_first"),
-    (1, 8, 1, 8, 256, 1, "evict_first-pinned")])
-def test_compiles_for_sm90(stage, chunk, block_j, block_n, block_k, prefetch, hint):
+@pytest.mark.parametrize("stage,chunk,block_j,block_n,block_k", [(1, 8, 1, 8, 512), (1, 0, 1, 16, 256),
+                                                                  (2, 0, 8, 4, 256)])
+def test_compiles_for_sm90(stage, chunk, block_j, block_n, block_k):
     """Compiled (not interpreted) for sm_90a with Triton's ptxas: no spills, 16-byte weight loads,
-    griddepcontrol wait + early release, no atomics (the combine is in-program); with a next-weights
-    prefetch one bulk L2 prefetch per thread, and L2 cache hints on the weight loads only where asked."""
+    griddepcontrol wait + early release, no atomics (the combine is in-program)."""
     pytest.importorskip("triton.backends.nvidia")
     consts = dict(TOP_K=8, STAGE=stage, ACTIVATION=2, HAS_MAP=True, HAS_WEIGHTS=True, HAS_BIAS=True,
-                  W13_CHUNK=chunk, EVEN_K=True, DEPENDENT_LAUNCH=True, PREFETCH=prefetch,
-                  STREAM_HINT=hint.split("-")[0], PREFETCH_THREADS=128, PREFETCH_PINNED=hint.endswith("pinned"),
-                  BLOCK_J=block_j, BLOCK_N=block_n, BLOCK_K=block_k)
+                  W13_CHUNK=chunk, EVEN_K=True, DEPENDENT_LAUNCH=True, BLOCK_J=block_j, BLOCK_N=block_n,
+                  BLOCK_K=block_k)
     env = dict(os.environ, TRITON_INTERPRET="0")
     done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps([consts, 4])], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -291,9 +265,6 @@ def test_compiles_for_sm90(stage, chunk, block_j, block_n, block_k, prefetch, hi
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["spills"] == 0 and facts["registers"] <= 168
     assert facts["vector_loads"] > 0 and facts["gdc_wait"] and facts["gdc_launch"] and not facts["atomics"]
-    assert facts["l2_prefetches"] == (1 if prefetch else 0)  # one instruction, issued per thread
-    assert (facts["evict_first_loads"] > 0) == bool(hint)
-    assert facts["pinned_prefetches"] == (1 if hint.endswith("pinned") else 0)
 
 
 # ---------------------------------------------------------------------------------------------- GPU tier
@@ -318,65 +289,6 @@ def test_token_gemvs_gpu(shape, num_tokens):
         a2, out = run_both(c, activation, layout)
         check(c, a2, out, activation, floor=2e-3)
         assert torch.equal(out, run_both(c, activation, layout)[1])  # bit-stable
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("shape", ["qwen3-30b", "gpt-oss"])
-@pytest.mark.parametrize("num_tokens", [1, 3])
-def test_next_weights_prefetch_changes_no_bit_gpu(shape, num_tokens):
-    """GEMV1 asking L2 for GEMV2's weights (every variant, budgets down to a few bytes per program and above the
-    experts' size) writes the same a2 bit for bit, also with slots of experts mapped to -1."""
-    hidden, inter, experts, top_k, activation, bias = SHAPES[shape]
-    c = make_case(num_tokens, top_k, experts, hidden, inter, torch.bfloat16, device="cuda", bias=bias, seed=9)
-    w13 = pack_gate_up_rows(c["w13"])
-    expert_map = torch.arange(experts, device="cuda", dtype=torch.int32)
-    expert_map[::3] = -1
-    for emap in (None, expert_map):
-        want = tk.token_gemv1(c["hidden"], c["ids"], w13, activation, b13=c["b13"], expert_map=emap,
-                              w13_layout=W13Layout.CHUNKED)
-        for variant in tk.NextWeightsPrefetch:
-            for budget in (None, 4096, 1 << 34):
-                got = tk.token_gemv1(c["hidden"], c["ids"], w13, activation, b13=c["b13"], expert_map=emap,
-                                     w13_layout=W13Layout.CHUNKED, next_w2=c["w2"], prefetch=variant,
-                                     prefetch_bytes=budget)
-                live = (emap[c["ids"].long()] >= 0).reshape(-1) if emap is not None else slice(None)
-                assert torch.equal(got[live], want[live]), (variant, budget)
-    torch.cuda.synchronize()
-
-
-def _layer_token_path_with_prefetch(monkeypatch, device, prefetch):
-    """The layer's token path output with tk.LAYER_PREFETCH set to `prefetch` (the layer reads it per call)."""
-    from moe2cta import MoELayer, RoutingConfig
-
-    gen = torch.Generator(device=device).manual_seed(3)
-    hidden_size, inter, experts = 128, 32, 16
-    w13 = torch.randn(experts, 2 * inter, hidden_size, device=device, generator=gen).div(hidden_size ** 0.5)
-    w2 = torch.randn(experts, hidden_size, inter, device=device, generator=gen).div(inter ** 0.5)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # the interpreter: no bf16 products
-    layer = MoELayer(w13.to(dtype), w2.to(dtype), routing=RoutingConfig(top_k=4), backend="triton",
-                     token_gemv_max_tokens=3)
-    h = torch.randn(3, hidden_size, device=device, generator=gen).to(dtype)
-    logits = torch.randn(3, experts, device=device, generator=gen)
-    monkeypatch.setattr(tk, "LAYER_PREFETCH", prefetch)
-    return layer(h, logits)
-
-
-def test_layer_token_path_passes_the_prefetch_cpu(interpret, monkeypatch):
-    """MoELayer's token path hands GEMV1 its w2 and tk.LAYER_PREFETCH (argument checks pass; the interpreter has no
-    prefetch, so the output is the same)."""
-    want = _layer_token_path_with_prefetch(monkeypatch, "cpu", tk.NextWeightsPrefetch.NONE)
-    got = _layer_token_path_with_prefetch(monkeypatch, "cpu", tk.NextWeightsPrefetch.L2_FIRST_PINNED)
-    assert torch.equal(got, want)
-
-
-@pytest.mark.gpu
-@needs_cuda
-def test_layer_token_path_with_each_prefetch_gpu(monkeypatch):
-    """The layer's token path with every LAYER_PREFETCH choice: bit-identical outputs."""
-    want = _layer_token_path_with_prefetch(monkeypatch, "cuda", tk.NextWeightsPrefetch.NONE)
-    for variant in tk.NextWeightsPrefetch:
-        assert torch.equal(_layer_token_path_with_prefetch(monkeypatch, "cuda", variant), want), variant
 
 
 @pytest.mark.gpu
