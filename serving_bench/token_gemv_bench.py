@@ -50,7 +50,8 @@ __all__ = ["main"]
 # (block_n, block_k, num_warps); GEMV2's block_j is next_pow2(k). GEMV1 runs on the packed w13 (W13Layout.CHUNKED,
 # what an AUTO layer reads), so its block_n is a multiple of GATE_UP_CHUNK.
 SWEEP_GEMV1 = ((8, 128, 2), (8, 256, 2), (8, 128, 4), (8, 256, 4), (16, 128, 4), (8, 512, 4), (16, 256, 8), (32, 256, 8))
-SWEEP_GEMV2 = ((1, 256, 2), (2, 256, 4), (2, 128, 2), (4, 128, 4), (2, 512, 4), (1, 512, 2), (4, 64, 2), (8, 256, 8))
+SWEEP_GEMV2 = ((4, 256, 8), (4, 128, 4), (1, 256, 2), (2, 256, 4), (2, 128, 2), (2, 512, 4), (1, 512, 2), (4, 64, 2),
+               (8, 256, 8))  # the first two: default_config's two GEMV2 tiles
 
 
 def _layers(preset, weights, num_tokens: int) -> dict[str, MoELayer]:

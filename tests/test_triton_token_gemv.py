@@ -141,6 +141,27 @@ def test_empty_batch_and_bit_stable_cpu(interpret):
     assert torch.equal(first, run_both(c, Activation.SWIGLU, W13Layout.GATE_THEN_UP)[1])
 
 
+def test_gemv2_tile_follows_the_wave_tail():
+    """GEMV2 takes the narrow tile (half the K step on half the warps) where its grid has the smaller partial last
+    wave, the default tile where the tails tie or the narrow one's is longer (132 SMs, 32 resident warps)."""
+    assert tk._wave_tail(528, 8, 132) == 1.0 and tk._wave_tail(100, 8, 132) == 1.0  # one wave
+    assert tk._wave_tail(720, 8, 132) == pytest.approx(2 / (720 / 528))
+    want = {  # (H, k, T) -> narrow?  (gpt-oss / qwen3-235b / qwen3-30b / deepseek-v3 GEMV2 grids)
+        (2880, 4, 1): True,  # 720 programs: 1.36 waves of 8-warp programs, 0.68 of 4-warp ones
+        (2880, 4, 2): False,  # 2.73 against 1.36 waves
+        (4096, 8, 1): True,  # 1.94 against 0.97
+        (2048, 8, 1): False,  # 0.97 against 0.48: one wave either way
+        (2048, 8, 2): True,
+        (7168, 8, 1): False,  # 3.39 against 1.70: the same tail
+        (7168, 8, 2): False,
+    }
+    for (hidden, top_k, tokens), narrow in want.items():
+        problem = tk.TokenGemvProblem(GemmStage.GEMM2, tokens, top_k, hidden, 1536, torch.bfloat16, 132)
+        config = tk.default_config(problem)
+        assert (config.num_warps, config.block_k) == ((4, 128) if narrow else (8, 256)), (hidden, top_k, tokens)
+        assert config.block_n == 4 and tk.can_implement(config, problem)[0]
+
+
 def test_default_config_and_can_implement():
     p1 = tk.TokenGemvProblem(GemmStage.GEMM1, 1, 8, 768, 2048, torch.bfloat16, 132, W13Layout.CHUNKED)
     c1 = tk.default_config(p1)
@@ -249,6 +270,28 @@ print(json.dumps({"spills": sum(int(x) for x in re.findall(r"(\\d+) bytes spill"
 """
 
 
+def _compile_facts(consts: dict, num_warps: int) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps([consts, num_warps])], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("top_k", [8, 4])
+def test_gemv2_narrow_tile_needs_no_more_registers(top_k):
+    """default_config's wave model counts twice the narrow GEMV2 tile's programs per SM (half the warps): that
+    holds while the narrow tile needs at most the default's registers per thread (sm_90a, Triton's ptxas)."""
+    pytest.importorskip("triton.backends.nvidia")
+    facts = {}
+    for (_, block_k, num_warps) in (tk._GEMV2_TILE, tk._GEMV2_NARROW_TILE):
+        consts = dict(TOP_K=top_k, STAGE=2, ACTIVATION=0, HAS_MAP=False, HAS_WEIGHTS=True, HAS_BIAS=top_k == 4,
+                      W13_CHUNK=0, EVEN_K=True, DEPENDENT_LAUNCH=True, BLOCK_J=top_k, BLOCK_N=4, BLOCK_K=block_k)
+        facts[num_warps] = _compile_facts(consts, num_warps)
+    assert facts[4]["spills"] == 0 and facts[8]["spills"] == 0
+    assert facts[4]["registers"] <= facts[8]["registers"]
+
+
 @pytest.mark.parametrize("stage,chunk,block_j,block_n,block_k", [(1, 8, 1, 8, 512), (1, 0, 1, 16, 256),
                                                                   (2, 0, 8, 4, 256)])
 def test_compiles_for_sm90(stage, chunk, block_j, block_n, block_k):
@@ -258,11 +301,7 @@ def test_compiles_for_sm90(stage, chunk, block_j, block_n, block_k):
     consts = dict(TOP_K=8, STAGE=stage, ACTIVATION=2, HAS_MAP=True, HAS_WEIGHTS=True, HAS_BIAS=True,
                   W13_CHUNK=chunk, EVEN_K=True, DEPENDENT_LAUNCH=True, BLOCK_J=block_j, BLOCK_N=block_n,
                   BLOCK_K=block_k)
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, json.dumps([consts, 4])], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    facts = _compile_facts(consts, 4)
     assert facts["spills"] == 0 and facts["registers"] <= 168
     assert facts["vector_loads"] > 0 and facts["gdc_wait"] and facts["gdc_launch"] and not facts["atomics"]
 
