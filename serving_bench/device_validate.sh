@@ -189,9 +189,10 @@ token-gemv-ncu-stalls)  # Nsight Compute sections of GEMV1 / GEMV2 and the plain
             --section LaunchStats --section Occupancy --kernel-name regex:"_token_gemv_kernel|reduce_kernel" \
             python3 -m moe2cta.serving_bench.token_gemv_bench --profile --models "${cell%%:*}" --tokens "${cell##*:}"
     done ;;
-memcheck-token-gemv)  # compute-sanitizer memcheck on the token GEMV GPU tests (both layouts, masked slots and tails)
+memcheck-token-gemv)  # compute-sanitizer memcheck on the token GEMV GPU tests (both layouts, masked slots and tails;
+    # gpt-oss's T=1 GEMV2 runs the narrow tile)
     step memcheck-token-gemv 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider \
-        --rootdir "$repo" "$repo/tests/test_triton_token_gemv.py" -k "qwen3 or layer_token_path" ;;
+        --rootdir "$repo" "$repo/tests/test_triton_token_gemv.py" -k "${MEMCHECK_K:-qwen3 or gpt-oss or layer_token_path}" ;;
 layer-profile)  # kernel times of one layer forward per backend (PROFILE_CELLS="model:T ...")
     for cell in ${PROFILE_CELLS:-deepseek-v3:8192 qwen3-30b-a3b:2048}; do
         step "profile-${cell/:/-}" 120 python3 -m moe2cta.serving_bench.layer_profile --model "${cell%%:*}" \
