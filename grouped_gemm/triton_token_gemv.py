@@ -90,9 +90,9 @@ _GEMV2_TILE = (4, 256, 8)  # k slots x 4 rows x 256
 # GEMV2 is a one-wave kernel where it can be: each program streams all of its K, so a partial last wave leaves HBM
 # idle while it drains. The narrow tile (half the K step on half the warps: the same bytes per program, twice the
 # programs per SM) replaces the default where it has the smaller wave tail; both use the same registers per thread
-# (64 with Triton 3.6 on the H200, ncu: 4 programs of 8 warps per SM -> 32 resident warps). Sweep of 2026-12-01
-# (results/token-gemv-h200-2026-12-01): gpt-oss T=1 27.5 -> 25.3 us (1.36 -> 0.68 waves), qwen3-235b T=1 29.8 ->
-# 28.5 (1.94 -> 0.97), qwen3-30b T=2 18.9 -> 17.8; the default where the tails tie or the narrow one is longer.
+# (64 with Triton 3.6 on the H200, ncu: 4 programs of 8 warps per SM -> 32 resident warps). Measured, both tiles in
+# one run (results/token-gemv2-waves-h200-2026-12-01): gpt-oss T=1 27.4 -> 25.5 us (1.36 -> 0.68 waves), qwen3-235b
+# T=1 29.8 -> 28.8 (1.94 -> 0.97), qwen3-30b T=2 18.6 -> 17.7; the faster tile in all 5 cells where the tails differ.
 _GEMV2_NARROW_TILE = (4, 128, 4)
 _RESIDENT_WARPS_PER_SM = 32
 _TILE_ELEMENTS_PER_WARP = 2048  # at most 64 weight elements per thread (their fp32 products live in registers)
