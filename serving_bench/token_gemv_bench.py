@@ -22,8 +22,8 @@ gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves.
 
 --profile runs GEMV1 + GEMV2 eagerly, no timing, for a profiler: PROFILE_ROUNDS times on rotated routings,
 after a warm-up outside cudaProfilerStart / Stop (run it under `ncu --profile-from-start off`). Then, as a plain
-stream of the same bytes, a row sum (torch's reduce_kernel) over the first min(E, T * k) experts' w13 and w2. It prints the launch order, which is the
-profiler's kernel order.
+stream of the same bytes, a row sum (torch's reduce_kernel) over the first min(E, T * k) experts' w13 and w2.
+It prints the launch order, which is the profiler's kernel order.
 """
 from __future__ import annotations
 
