@@ -89,7 +89,8 @@ _GEMV1_CHUNKED_BLOCK_N = GATE_UP_CHUNK
 _GEMV2_TILE = (4, 256, 8)  # k slots x 4 rows x 256
 # GEMV2 is a one-wave kernel where it can be: each program streams all of its K, so a partial last wave leaves HBM
 # idle while it drains. The narrow tile (half the K step on half the warps: the same bytes per program, twice the
-# programs per SM) replaces the default where it has the smaller wave tail; both use the same registers per thread
+# programs per SM) replaces the default where it has the smaller wave tail, or the same one on a grid of more than
+# one wave (measured: as fast or faster in 10 of 11 such cells); both use the same registers per thread
 # (64 with Triton 3.6 on the H200, ncu: 4 programs of 8 warps per SM -> 32 resident warps). Measured, both tiles in
 # one run (results/token-gemv2-waves-h200-2026-12-01): gpt-oss T=1 27.4 -> 25.5 us (1.36 -> 0.68 waves), qwen3-235b
 # T=1 29.8 -> 28.8 (1.94 -> 0.97), qwen3-30b T=2 18.6 -> 17.7; the faster tile in all 5 cells where the tails differ.
@@ -179,18 +180,23 @@ def can_implement(config: TokenGemvConfig, problem: TokenGemvProblem) -> tuple[b
     return True, ""
 
 
-def _wave_tail(programs: int, num_warps: int, num_sms: int) -> float:
-    """Elapsed waves over busy waves of a grid of `programs` equal programs of `num_warps` warps
-    (_RESIDENT_WARPS_PER_SM per SM): 1.0 when one wave holds them all, else ceil(waves) / waves."""
-    waves = programs / (num_sms * max(1, _RESIDENT_WARPS_PER_SM // num_warps))
+def _wave_tail(programs: int, slots: int) -> float:
+    """Elapsed waves over busy waves of a grid of `programs` equal programs, `slots` of which one wave holds: 1.0
+    when one wave holds them all, else ceil(waves) / waves."""
+    waves = programs / slots
     return 1.0 if waves <= 1 else math.ceil(waves) / waves
+
+
+def _wave_slots(num_warps: int, problem: TokenGemvProblem) -> int:
+    """Programs of `num_warps` warps that one wave holds (_RESIDENT_WARPS_PER_SM per SM)."""
+    return problem.num_sms * max(1, _RESIDENT_WARPS_PER_SM // num_warps)
 
 
 def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
     """_GEMV1_TILE / _GEMV2_TILE (GEMV1: one slot per program, _GEMV1_CHUNKED_BLOCK_N columns on the packed w13,
     and half of _GEMV1_TILE's where that leaves fewer programs than SMs; GEMV2: all k slots, block_j =
-    next_pow2(k), _GEMV2_NARROW_TILE where its wave tail is smaller); block_k shrinks for large k to stay within
-    the register limit of can_implement."""
+    next_pow2(k), _GEMV2_NARROW_TILE where its wave tail is smaller, or equal on a grid of more than one wave);
+    block_k shrinks for large k to stay within the register limit of can_implement."""
     if problem.stage is GemmStage.GEMM1:
         block_j = 1
         block_n, block_k, num_warps = _GEMV1_TILE
@@ -201,7 +207,10 @@ def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
         block_n, block_k, num_warps = _GEMV2_TILE
         programs = max(1, problem.num_tokens) * -(-problem.n // block_n)
         narrow = _GEMV2_NARROW_TILE
-        if _wave_tail(programs, narrow[2], problem.num_sms) < _wave_tail(programs, num_warps, problem.num_sms):
+        slots = _wave_slots(num_warps, problem)
+        tail, narrow_tail = _wave_tail(programs, slots), _wave_tail(programs, _wave_slots(narrow[2], problem))
+        # the narrow tile where its tail is shorter, and on a tie when the default grid takes more than one wave
+        if narrow_tail < tail - 1e-9 or (narrow_tail <= tail + 1e-9 and programs > slots):
             block_n, block_k, num_warps = narrow
     rows = block_j * problem.weight_rows * block_n
     block_k = max(16, min(block_k, _TILE_ELEMENTS_PER_WARP * num_warps // rows, _next_pow2(problem.k)))

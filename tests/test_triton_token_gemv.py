@@ -143,17 +143,21 @@ def test_empty_batch_and_bit_stable_cpu(interpret):
 
 def test_gemv2_tile_follows_the_wave_tail():
     """GEMV2 takes the narrow tile (half the K step on half the warps) where its grid has the smaller partial last
-    wave, the default tile where the tails tie or the narrow one's is longer (132 SMs, 32 resident warps)."""
-    assert tk._wave_tail(528, 8, 132) == 1.0 and tk._wave_tail(100, 8, 132) == 1.0  # one wave
-    assert tk._wave_tail(720, 8, 132) == pytest.approx(2 / (720 / 528))
+    wave, or the same one on a grid of more than one wave; the default tile where the narrow one's tail is longer or
+    one wave holds every program (132 SMs, 32 resident warps: 528 slots of 8 warps, 1056 of 4)."""
+    assert tk._wave_tail(528, 528) == 1.0 and tk._wave_tail(100, 528) == 1.0  # one wave
+    assert tk._wave_tail(720, 528) == pytest.approx(2 / (720 / 528))
     want = {  # (H, k, T) -> narrow?  (gpt-oss / qwen3-235b / qwen3-30b / deepseek-v3 GEMV2 grids)
         (2880, 4, 1): True,  # 720 programs: 1.36 waves of 8-warp programs, 0.68 of 4-warp ones
-        (2880, 4, 2): False,  # 2.73 against 1.36 waves
+        (2880, 4, 2): False,  # 2.73 against 1.36 waves: a longer tail
         (4096, 8, 1): True,  # 1.94 against 0.97
         (2048, 8, 1): False,  # 0.97 against 0.48: one wave either way
         (2048, 8, 2): True,
-        (7168, 8, 1): False,  # 3.39 against 1.70: the same tail
-        (7168, 8, 2): False,
+        (2048, 8, 3): False,  # 2.91 against 1.45
+        (2048, 8, 4): True,  # 3.88 against 1.94: the same tail, more than one wave
+        (7168, 8, 1): True,  # 3.39 against 1.70: the same tail
+        (7168, 8, 2): False,  # 6.79 against 3.39
+        (7168, 8, 3): False,
     }
     for (hidden, top_k, tokens), narrow in want.items():
         problem = tk.TokenGemvProblem(GemmStage.GEMM2, tokens, top_k, hidden, 1536, torch.bfloat16, 132)
