@@ -208,9 +208,10 @@ def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
         programs = max(1, problem.num_tokens) * -(-problem.n // block_n)
         narrow = _GEMV2_NARROW_TILE
         slots = _wave_slots(num_warps, problem)
-        tail, narrow_tail = _wave_tail(programs, slots), _wave_tail(programs, _wave_slots(narrow[2], problem))
-        # the narrow tile where its tail is shorter, and on a tie when the default grid takes more than one wave
-        if narrow_tail < tail - 1e-9 or (narrow_tail <= tail + 1e-9 and programs > slots):
+        # the narrow tile where the default grid takes more than one wave and the narrow tail is no longer (a shorter
+        # narrow tail implies more than one wave: both tails are 1.0 on one wave)
+        narrow_tail = _wave_tail(programs, _wave_slots(narrow[2], problem))
+        if programs > slots and narrow_tail <= _wave_tail(programs, slots) + 1e-9:
             block_n, block_k, num_warps = narrow
     rows = block_j * problem.weight_rows * block_n
     block_k = max(16, min(block_k, _TILE_ELEMENTS_PER_WARP * num_warps // rows, _next_pow2(problem.k)))
