@@ -11,10 +11,16 @@ entry per key and, on request, the PTX beside each library. `load_kernel` opens 
 
 The bundle directory is found at call time: an explicit argument, else the environment variable
 MOE2CTA_KERNEL_DIR (read when asked, never at import).
+
+Kernel requests: where a kernel can be neither loaded nor compiled, and a requests file is named (argument, or
+MOE2CTA_KERNEL_REQUESTS read at call time), the cache appends one JSON line for it (family, configuration,
+problem, once per kernel) before it raises. On a machine with the DSL, `python -m moe2cta.aot build --requests
+FILE --out DIR` then compiles exactly those kernels: run a workload once on the target, build what it asked for.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import fcntl
 import hashlib
 import importlib.util
@@ -25,10 +31,18 @@ import re
 import subprocess
 import tempfile
 import threading
+import types
+import typing
 from typing import Callable
 
 __all__ = [
     "KERNEL_DIR_ENV",
+    "KERNEL_REQUESTS_ENV",
+    "dataclass_from_json",
+    "dataclass_to_json",
+    "read_requests",
+    "record_request",
+    "requests_file",
     "KernelKey",
     "kernel_dir",
     "dsl_available",
@@ -40,6 +54,7 @@ __all__ = [
 ]
 
 KERNEL_DIR_ENV = "MOE2CTA_KERNEL_DIR"
+KERNEL_REQUESTS_ENV = "MOE2CTA_KERNEL_REQUESTS"
 MANIFEST_NAME = "manifest.json"
 
 
@@ -127,6 +142,120 @@ def kernel_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path | None
         return pathlib.Path(explicit)
     value = os.environ.get(KERNEL_DIR_ENV)
     return pathlib.Path(value) if value else None
+
+
+def requests_file(explicit: str | os.PathLike | None = None) -> pathlib.Path | None:
+    """The kernel requests file: `explicit`, else $MOE2CTA_KERNEL_REQUESTS (read now), else None."""
+    if explicit is not None:
+        return pathlib.Path(explicit)
+    value = os.environ.get(KERNEL_REQUESTS_ENV)
+    return pathlib.Path(value) if value else None
+
+
+# ---------------------------------------------------------------------------------------------- JSON of configs
+def _encode(value):
+    if isinstance(value, enum.Enum):
+        return value.value
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return str(value).removeprefix("torch.")
+    if isinstance(value, tuple):
+        return [_encode(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} as JSON")
+
+
+def dataclass_to_json(obj) -> dict:
+    """{field: value} of a frozen config / problem dataclass: enums by value, torch dtypes by name, tuples as
+    lists. dataclass_from_json reads it back."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"obj: expected a dataclass instance, got {type(obj).__name__}")
+    return {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
+def _decode(hint, value, where: str):
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is not type(None):
+                try:
+                    return _decode(option, value, where)
+                except (TypeError, ValueError):
+                    continue
+        raise ValueError(f"{where}: {value!r} is none of {hint}")
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise ValueError(f"{where}: expected one of {[m.value for m in hint]}, got {value!r}") from None
+    if getattr(hint, "__module__", None) == "torch" and getattr(hint, "__name__", None) == "dtype":
+        import torch
+
+        dtype = getattr(torch, str(value), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{where}: expected a torch dtype name, got {value!r}")
+        return dtype
+    if typing.get_origin(hint) is tuple or hint is tuple:
+        if not isinstance(value, list):
+            raise TypeError(f"{where}: expected a list, got {value!r}")
+        return tuple(value)
+    if hint in (int, float, str, bool):
+        if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+            raise TypeError(f"{where}: expected {hint.__name__}, got {value!r}")
+        return value
+    raise TypeError(f"{where}: cannot read a field of type {hint}")
+
+
+def dataclass_from_json(cls, data: dict):
+    """`cls(**fields)` from dataclass_to_json's dict; a missing field takes its default, an unknown one is an
+    error (ValueError / TypeError naming the field)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"data: expected a dict of {cls.__name__} fields, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"data: {cls.__name__} has no field(s) {unknown}")
+    return cls(**{name: _decode(hints[name], value, f"{cls.__name__}.{name}") for name, value in data.items()})
+
+
+# ---------------------------------------------------------------------------------------------- requests
+def record_request(path: str | os.PathLike, key: "KernelKey", request: dict) -> bool:
+    """Append {"stem", "key", "request"} as one JSON line to `path` unless that kernel is already there; True when
+    written. `request` holds what its family's compile_requests needs ({"family", "config", "problem"})."""
+    if not isinstance(request, dict) or request.get("family") != key.family:
+        raise ValueError(f"request: expected a dict with family {key.family!r}, got {request!r}")
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stem = key.file_stem()
+    with _manifest_lock, open(str(path) + ".lock", "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        if any(entry["stem"] == stem for entry in read_requests(path)):
+            return False
+        with open(path, "a") as f:
+            f.write(json.dumps({"stem": stem, "key": key.to_json(), "request": request}, sort_keys=True) + "\n")
+    return True
+
+
+def read_requests(path: str | os.PathLike) -> list[dict]:
+    """The entries of a requests file, in the order recorded ([] when it does not exist)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return []
+    entries = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not a JSON line ({exc})") from None
+        if not isinstance(entry, dict) or not {"stem", "key", "request"} <= set(entry):
+            raise ValueError(f"{path}:{number}: expected an object with stem, key and request")
+        entries.append(entry)
+    return entries
 
 
 def dsl_available() -> bool:
@@ -257,10 +386,12 @@ class KernelCache:
     in the bundle directory, else JIT).
     """
 
-    def __init__(self, directory: str | os.PathLike | None = None, prefer: str = "jit"):
+    def __init__(self, directory: str | os.PathLike | None = None, prefer: str = "jit",
+                 requests: str | os.PathLike | None = None):
         if prefer not in ("jit", "bundle"):
             raise ValueError(f"prefer: expected 'jit' or 'bundle', got {prefer!r}")
         self._directory = directory
+        self._requests = requests
         self._prefer = prefer
         self._kernels: dict[KernelKey, Callable] = {}
         self._lock = threading.Lock()
@@ -271,17 +402,20 @@ class KernelCache:
     def __contains__(self, key: KernelKey) -> bool:
         return key in self._kernels
 
-    def get(self, key: KernelKey, compile_fn: Callable[[], Callable] | None) -> Callable:
-        """The kernel for `key`; `compile_fn()` returns a callable compiled kernel (used only with the DSL)."""
+    def get(self, key: KernelKey, compile_fn: Callable[[], Callable] | None,
+            request: Callable[[], dict] | None = None) -> Callable:
+        """The kernel for `key`; `compile_fn()` returns a callable compiled kernel (used only with the DSL).
+        `request()` describes how to build it ({"family", "config", "problem"}): recorded in the requests file,
+        when one is named, if the kernel can be neither loaded nor compiled here."""
         with self._lock:
             kernel = self._kernels.get(key)
             if kernel is not None:
                 return kernel
-            kernel = self._make(key, compile_fn)
+            kernel = self._make(key, compile_fn, request)
             self._kernels[key] = kernel
             return kernel
 
-    def _make(self, key: KernelKey, compile_fn) -> Callable:
+    def _make(self, key: KernelKey, compile_fn, request=None) -> Callable:
         directory = kernel_dir(self._directory)
         bundle_file = directory / f"{key.file_stem()}.so" if directory is not None else None
         has_bundle = bundle_file is not None and bundle_file.exists()
@@ -291,9 +425,15 @@ class KernelCache:
         if can_jit:
             return compile_fn()
         where = f"{bundle_file} does not exist" if bundle_file else f"no bundle directory (${KERNEL_DIR_ENV} unset)"
+        recorded = ""
+        path = requests_file(self._requests)
+        if path is not None and request is not None:
+            record_request(path, key, request())
+            recorded = (f" Recorded in {path}: `python -m moe2cta.aot build --requests {path} --arch {key.arch} "
+                        "--out DIR` builds every kernel recorded there.")
         raise RuntimeError(
             f"no way to get kernel {key.file_stem()}: the CuTe DSL (nvidia-cutlass-dsl) is not installed here and "
             f"{where}. Build a bundle on a machine with the DSL (no GPU needed): "
             f"`python -m moe2cta.aot build --model MODEL --arch {key.arch} --out DIR`, then set "
-            f"{KERNEL_DIR_ENV}=DIR or pass the directory."
+            f"{KERNEL_DIR_ENV}=DIR or pass the directory.{recorded}"
         )

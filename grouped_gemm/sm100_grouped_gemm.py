@@ -82,6 +82,8 @@ __all__ = [
     "kernel_key",
     "compile_kernel",
     "compile_for_preset",
+    "compile_requests",
+    "kernel_request",
     "ptx_report",
     "tile_plan",
     "sm100_grouped_gemm1",
@@ -850,28 +852,53 @@ def compile_for_preset(preset, out_dir=None, keep_ptx: bool = False, dtype: str 
     With out_dir the kernels are exported there (cute_runtime.export_kernel, PTX beside them with
     keep_ptx); the manifest records the compile's SMEM and TMEM next to the resource model's numbers.
     """
+    return [_build(config, problem, out_dir, keep_ptx) for problem, config in preset_configs(preset, dtype)]
+
+
+def kernel_request(config: Sm100GemmConfig, problem: Sm100Problem) -> dict:
+    """What compile_requests needs to build this kernel elsewhere (cute_runtime's requests file)."""
+    from .cute_runtime import dataclass_to_json
+
+    return {"family": FAMILY, "config": dataclass_to_json(config), "problem": dataclass_to_json(problem)}
+
+
+def compile_requests(requests, out_dir, keep_ptx: bool = False) -> list:
+    """Compile and export the kernels of `requests` (kernel_request dicts) into out_dir; returns [(KernelKey, path)].
+    A request of another family, or one this family cannot implement, is a ValueError that says which."""
+    from .cute_runtime import dataclass_from_json
+
+    pairs = []
+    for number, request in enumerate(requests, 1):
+        if not isinstance(request, dict) or request.get("family") != FAMILY:
+            raise ValueError(f"requests[{number}]: expected a {FAMILY} request, got {request!r}")
+        config = dataclass_from_json(Sm100GemmConfig, request.get("config"))
+        problem = dataclass_from_json(Sm100Problem, request.get("problem"))
+        ok, why = can_implement(config, problem)
+        if not ok:
+            raise ValueError(f"requests[{number}]: {why}")
+        pairs.append((config, problem))
+    return [_build(config, problem, out_dir, keep_ptx) for config, problem in dict.fromkeys(pairs)]
+
+
+def _build(config: Sm100GemmConfig, problem: Sm100Problem, out_dir, keep_ptx: bool):
+    """(key, compiled) without out_dir, else (key, exported library path) with the resource numbers in the manifest."""
     from . import cute_runtime
 
-    results = []
-    for problem, config in preset_configs(preset, dtype):
-        key = kernel_key(config, problem)
-        compiled, report = compile_kernel(config, problem, keep_ptx=keep_ptx)
-        if out_dir is None:
-            results.append((key, compiled))
-            continue
-        use = resource_use(config, problem)
-        info = {
-            "unit": config.unit.value,
-            "smem_bytes_compiled": report.smem_bytes,
-            "smem_bytes_model": use.smem_bytes,
-            "tmem_alloc_columns_compiled": report.tmem_alloc_columns,
-            "tmem_alloc_columns_model": use.tmem_alloc_columns,
-            "stages": use.stages,
-            "ptx_instructions": report.instructions,
-        }
-        path = cute_runtime.export_kernel(compiled, key, out_dir, keep_ptx, smem_bytes=report.smem_bytes, info=info)
-        results.append((key, path))
-    return results
+    key = kernel_key(config, problem)
+    compiled, report = compile_kernel(config, problem, keep_ptx=keep_ptx)
+    if out_dir is None:
+        return key, compiled
+    use = resource_use(config, problem)
+    info = {
+        "unit": config.unit.value,
+        "smem_bytes_compiled": report.smem_bytes,
+        "smem_bytes_model": use.smem_bytes,
+        "tmem_alloc_columns_compiled": report.tmem_alloc_columns,
+        "tmem_alloc_columns_model": use.tmem_alloc_columns,
+        "stages": use.stages,
+        "ptx_instructions": report.instructions,
+    }
+    return key, cute_runtime.export_kernel(compiled, key, out_dir, keep_ptx, smem_bytes=report.smem_bytes, info=info)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -932,7 +959,8 @@ def _launch(config, problem, a, w, out, row_offsets, counts, bias, row_scale):
         launches = [(config, config.pair_threshold, NO_UPPER_BOUND),
                     (config.single_fallback(), 0, config.pair_threshold)]
     for cfg, rows_lo, rows_hi in launches:
-        kernel = _kernel_cache().get(kernel_key(cfg, problem), lambda cfg=cfg: compile_kernel(cfg, problem)[0])
+        kernel = _kernel_cache().get(kernel_key(cfg, problem), lambda cfg=cfg: compile_kernel(cfg, problem)[0],
+                                     request=lambda cfg=cfg: kernel_request(cfg, problem))
         kernel(a, w, out, row_offsets, counts, bias if bias is not None else dummy,
                row_scale if row_scale is not None else dummy, rows_lo, rows_hi)
     return out

@@ -11,7 +11,8 @@ Host API (semantics of grouped_gemm/reference.py):
   sm90_grouped_gemm1(a, packed_w13, row_offsets, counts, activation, b13=None, out=None, config=None)
   sm90_grouped_gemm2(a, w2, row_offsets, counts, row_scale=None, b2=None, out=None, config=None)
 Kernels come from a `KernelCache` (cute_runtime.py): JIT where the DSL is installed, else a prebuilt
-bundle from `kernel_dir()` (argument or $MOE2CTA_KERNEL_DIR read at call time).
+bundle from `kernel_dir()` (argument or $MOE2CTA_KERNEL_DIR read at call time); a kernel neither is recorded as
+kernel_request(config, problem) in $MOE2CTA_KERNEL_REQUESTS when set, for compile_requests (`aot build --requests`).
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ __all__ = [
     "sm90_grouped_gemm1",
     "sm90_grouped_gemm2",
     "compile_for_preset",
+    "compile_requests",
+    "kernel_request",
     "preset_configs",
 ]
 
@@ -772,7 +775,8 @@ def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, direc
         raise ValueError(f"a_rows: a_source {config.a_source.name} "
                          + ("takes a_rows (the dispatch's sorted_slots)" if a_rows is None else "takes no a_rows"))
     key = kernel_key(config, problem)
-    kernel = _cache_for(directory).get(key, lambda: compile_kernel(config, problem))
+    kernel = _cache_for(directory).get(key, lambda: compile_kernel(config, problem),
+                                       request=lambda: kernel_request(config, problem))
     workspace, dummy_bias, dummy_scale = _scratch(a.device)
     operands = (a, w) if a_rows is None else (a, a_rows, w)
     tail = (int(config.pair_threshold),) if a_rows is None else (int(config.pair_threshold), int(rows_per_token))
@@ -931,22 +935,47 @@ def _token_rows_twin(config: Sm90GemmConfig, problem: Sm90Problem) -> Sm90GemmCo
 
 def compile_for_preset(preset, out_dir, keep_ptx: bool = False, extra_configs=()) -> list:
     """Compile and export every kernel of `preset` (plus `extra_configs` [(config, problem)]) into out_dir."""
+    pairs = dict.fromkeys(list(preset_configs(preset)) + list(extra_configs))  # each kernel once
+    return [_export(config, problem, out_dir, keep_ptx) for config, problem in pairs]
+
+
+def kernel_request(config: Sm90GemmConfig, problem: Sm90Problem) -> dict:
+    """What compile_requests needs to build this kernel elsewhere (cute_runtime's requests file)."""
+    from .cute_runtime import dataclass_to_json
+
+    return {"family": FAMILY, "config": dataclass_to_json(config), "problem": dataclass_to_json(problem)}
+
+
+def compile_requests(requests, out_dir, keep_ptx: bool = False) -> list:
+    """Compile and export the kernels of `requests` (kernel_request dicts, e.g. cute_runtime.read_requests(path)'s
+    "request" entries) into out_dir; a request of another family or that no longer describes a kernel it can
+    implement is a ValueError that says which."""
+    from .cute_runtime import dataclass_from_json
+
+    pairs = []
+    for number, request in enumerate(requests, 1):
+        if not isinstance(request, dict) or request.get("family") != FAMILY:
+            raise ValueError(f"requests[{number}]: expected a {FAMILY} request, got {request!r}")
+        config = dataclass_from_json(Sm90GemmConfig, request.get("config"))
+        problem = dataclass_from_json(Sm90Problem, request.get("problem"))
+        ok, why = can_implement(config, problem)
+        if not ok:
+            raise ValueError(f"requests[{number}]: {why}")
+        pairs.append((config, problem))
+    return [_export(config, problem, out_dir, keep_ptx) for config, problem in dict.fromkeys(pairs)]
+
+
+def _export(config: Sm90GemmConfig, problem: Sm90Problem, out_dir, keep_ptx: bool):
     from .cute_runtime import export_kernel
 
-    written = []
-    for config, problem in dict.fromkeys(list(preset_configs(preset)) + list(extra_configs)):  # each kernel once
-        compiled = compile_kernel(config, problem, keep_ptx=keep_ptx)
-        key = kernel_key(config, problem)
-        path = export_kernel(
-            compiled,
-            key,
-            out_dir,
-            keep_ptx,
-            smem_bytes=smem_bytes(config, resolve_stages(config)),
-            info={"config": _config_json(config), "problem": _problem_json(problem)},
-        )
-        written.append(path)
-    return written
+    return export_kernel(
+        compile_kernel(config, problem, keep_ptx=keep_ptx),
+        kernel_key(config, problem),
+        out_dir,
+        keep_ptx,
+        smem_bytes=smem_bytes(config, resolve_stages(config)),
+        info={"config": _config_json(config), "problem": _problem_json(problem)},
+    )
 
 
 def _config_json(config: Sm90GemmConfig) -> dict:

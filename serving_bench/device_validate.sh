@@ -19,7 +19,9 @@ python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /
 source .bundle/rt/activate.sh
 export PYTHONPATH=/tmp/moe2cta-site:$PYTHONPATH PYTHONUNBUFFERED=1
 kdir=$PWD/${KERNELS:-.kernels/all-sm90}
-export MOE2CTA_KERNEL_DIR=$kdir MOE2CTA_TUNING_CACHE=$out/tuning.json
+# kernels a step needs and the bundle lacks are recorded there: `python -m moe2cta.aot build --requests FILE
+# --arch sm_90a --out DIR` here builds exactly them for the next call
+export MOE2CTA_KERNEL_DIR=$kdir MOE2CTA_TUNING_CACHE=$out/tuning.json MOE2CTA_KERNEL_REQUESTS=$out/kernel-requests.jsonl
 repo=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$out/gpu.txt"
 step() {  # step NAME SECONDS COMMAND...: run, log, print the tail
@@ -56,7 +58,8 @@ racecheck)  # shared-memory hazards on small configs of every scheduling / unit 
         x_g2_rowscale_bias_pingpong_dynamic_many g1_swiglu_pair_dynamic g1_oai_bias_pair_dynamic_many} ;;
 tests)
     step tests 180 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_api.py" \
-        "$repo/tests/test_serving_bench.py" "$repo/tests/test_triton_gemm.py" "$repo/tests/test_tuning.py" ;;
+        "$repo/tests/test_serving_bench.py" "$repo/tests/test_triton_gemm.py" "$repo/tests/test_tuning.py" \
+        "$repo/tests/test_power.py" ;;
 tune)
     step tune 90 python3 -m moe2cta.tune_cli run --model qwen3-30b-a3b --arch sm_90a --kernel-dir "$kdir" \
         --cache "$out/tuning-h200.json" --json "$out/tune.json" --verbose ;;
@@ -149,6 +152,14 @@ prefill-gemm)  # prefill-size GEMMs of every model: CuTe bundles side by side (E
         --tokens ${PREFILL_TOKENS:-2048 8192} --variants ${PREFILL_VARIANTS:-default} --routing ${PREFILL_ROUTING:-random} \
         --padding ${PREFILL_PADDING:-random} \
         ${PREFILL_MODELS:+--models $PREFILL_MODELS} --json "$out/prefill-gemm${PREFILL_SUFFIX:-}.json" ;;
+prefill-power)  # sustained board power, SM clock and energy per useful FLOP: the floor's matmul, then the CuTe GEMMs
+    # beside dense cuBLAS on the same total shape (serving_bench/power.py)
+    step power-tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_power.py"
+    step floor-power 60 python3 -m moe2cta.serving_bench.power --seconds 3 --json "$out/floor-power.json"
+    # shellcheck disable=SC2086
+    step prefill-power 420 python3 -m moe2cta.serving_bench.prefill_gemm_bench --bundle "new=$kdir" \
+        --tokens ${POWER_TOKENS:-2048 8192} ${POWER_MODELS:+--models $POWER_MODELS} --sustain "${POWER_SECONDS:-2.5}" \
+        --json "$out/prefill-power.json" ;;
 prefill-ncu)  # Nsight Compute: time, DRAM bytes, L2 hit rate, SM clock of the CuTe (NCU_VARIANTS) and Triton GEMMs
     for cell in ${NCU_CELLS:-qwen3-235b-a22b:8192 deepseek-v3:8192}; do
         # shellcheck disable=SC2086

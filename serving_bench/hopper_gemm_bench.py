@@ -452,6 +452,20 @@ def time_graph(fn, copies: int, replays: int = 20) -> float:
     return time_interleaved([fn], copies, replays)[0]
 
 
+def capture_graph(fn, copies: int, stream=None):
+    """A CUDA graph of fn(0), ..., fn(copies - 1) (rotated inputs), after one eager warm-up round (module loads)."""
+    stream = stream or torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for c in range(copies):
+            fn(c)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for c in range(copies):
+            fn(c)
+    return graph
+
+
 def time_interleaved(fns, copies: int, rounds: int, seed: int = 0) -> list[float]:
     """Median ms of one call per fn: one CUDA graph per fn holding `copies` calls (rotated inputs), the
     graphs replayed in `rounds` interleaved rounds (clocks drift with temperature and power over a run, and
@@ -460,17 +474,7 @@ def time_interleaved(fns, copies: int, rounds: int, seed: int = 0) -> list[float
     kernel runs at lower clocks (the same CuTe kernel in first place, after dense cuBLAS, measured 1.5-6%
     slower than in sixth place: results/pair-ncu-h200-2026-11-29/)."""
     stream = torch.cuda.Stream()
-    graphs = []
-    for fn in fns:
-        with torch.cuda.stream(stream):
-            for c in range(copies):
-                fn(c)  # warm-up (loads the module)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for c in range(copies):
-                fn(c)
-        graphs.append(graph)
+    graphs = [capture_graph(fn, copies, stream) for fn in fns]
     samples = [[] for _ in fns]
     order = list(range(len(graphs)))
     shuffle = random.Random(seed).shuffle

@@ -11,7 +11,10 @@ Timing (METHOD.md): one CUDA graph per candidate holding 4 calls over 4 rotated 
 are replayed in 15 interleaved rounds (clocks drift with temperature and power during a run; interleaving
 gives every candidate the same conditions) and each reports its median. Every grouped result is compared
 with a float32 reference on the rows of a few experts before it is timed. `--profile` instead calls each
-kernel once without a graph (for ncu).
+kernel once without a graph (for ncu). `--sustain SECONDS` then replays each candidate named by
+`--sustain-only` (label prefixes; default the CuTe kernels and dense cuBLAS) back to back for that long and
+reports its median board power, SM clock and clock event reasons (serving_bench/power.py), and the energy per
+useful FLOP: whether a kernel is power-bound, and how it compares with dense cuBLAS at the same power.
 
     python -m moe2cta.serving_bench.prefill_gemm_bench --bundle base=.kernels/base --bundle new=.kernels/new \\
         --models deepseek-v3 gpt-oss-120b --tokens 2048 8192 --json out.json
@@ -34,9 +37,11 @@ from moe2cta.presets import get_preset
 from moe2cta.router import Scoring
 from moe2cta.router.reference import route_reference
 from moe2cta.serving_bench.distributions import make_correction_bias
+from moe2cta.serving_bench.power import PowerSampler, sustain
 from moe2cta.serving_bench.hopper_gemm_bench import (
     ALIGN,
     Watchdog,
+    capture_graph,
     make_counts,
     padded_layout,
     time_interleaved,
@@ -199,7 +204,8 @@ def routed_counts(routing: str, preset, tokens: int, gen: torch.Generator) -> to
 
 
 def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants=("default",),
-             routing: str = "random", paddings: tuple[str, ...] = ("random",)) -> list[dict]:
+             routing: str = "random", paddings: tuple[str, ...] = ("random",), sustain_s: float = 0.0,
+             sustain_only: tuple[str, ...] = ("cute", "dense")) -> list[dict]:
     """Time every candidate on this cell; with several `paddings`, the CuTe and Triton candidates once per
     content of A's padding rows (the valid rows are the same), labelled `<backend>@<padding>` past the first,
     all in the same interleaved rounds (one process: no process-to-process spread between them)."""
@@ -365,6 +371,15 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
         return []
     dog.arm(f"{preset.name} T={tokens} timing", 20 * dog.seconds)
     times = time_interleaved([fn for _, _, fn in candidates], COPIES, ROUNDS)
+    readings = {}
+    if sustain_s > 0:  # power and clock of each named candidate replayed back to back (after the timed rounds)
+        sampler = PowerSampler(torch.cuda.current_device())
+        limit = sampler.power_limit_w()
+        for label, gemm, fn in candidates:
+            if label.startswith(sustain_only):
+                dog.arm(f"{preset.name} T={tokens} {label} {gemm} sustained", 4 * dog.seconds + sustain_s)
+                readings[(label, gemm)] = sustain(capture_graph(fn, COPIES), COPIES, sustain_s, sampler,
+                                                  power_limit_w=limit)
     results = []
     for (label, gemm, _), ms in zip(candidates, times):
         n, kk = (2 * i, h) if gemm == "gemm1" else (h, i)
@@ -378,6 +393,13 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
         results.append(r)
         print(f"{preset.name:16s} T={tokens:6d} {gemm} {label:30s} {ms * 1e3:9.1f} us {r['tflops']:6.1f} TFLOP/s "
               f"rows {rows} padded {padded_rows} err {err if err is None else f'{err:.1e}'}", flush=True)
+        reading = readings.get((label, gemm))
+        if reading is not None:
+            r["sustained"] = reading.to_json() | {"pj_per_flop": reading.joules_per_call() / flops * 1e12}
+            print(f"{'':16s} {'':8s} {gemm} {label:30s} sustained {reading.ms_per_call * 1e3:9.1f} us "
+                  f"{reading.power_w:6.1f} W (limit {reading.power_limit_w}) {reading.sm_mhz:6.0f} MHz "
+                  f"{reading.temperature_c:4.0f} C {r['sustained']['pj_per_flop']:.3f} pJ/FLOP "
+                  f"{'|'.join(reading.reasons) or 'no clock event'}", flush=True)
     return results
 
 
@@ -397,11 +419,18 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", action="store_true", help="one eager call per kernel, no timing (for ncu)")
     parser.add_argument("--watchdog", type=float, default=60.0)
+    parser.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
+                        help="after the timed rounds, replay each --sustain-only candidate back to back this long "
+                             "and report board power, SM clock and energy per useful FLOP (0: off)")
+    parser.add_argument("--sustain-only", nargs="+", default=["cute", "dense"], metavar="PREFIX",
+                        help="label prefixes of the candidates --sustain measures")
     names = sorted(variant_configs(problems_of(get_preset("qwen3-30b-a3b"))[0]))
     parser.add_argument("--variants", nargs="+", default=["default"], choices=names, metavar="VARIANT",
                         help=f"CuTe configurations to time per bundle, of: {', '.join(names)}")
     parser.add_argument("--build", metavar="DIR", default=None, help="compile the kernels (no GPU) into DIR and exit")
     args = parser.parse_args(argv)
+    if args.sustain < 0 or 0 < args.sustain <= 1.0:
+        parser.error(f"--sustain: expected 0 (off) or more than 1 s (the first second settles), got {args.sustain}")
     if args.build:
         build(args.models, args.build)
         return 0
@@ -419,7 +448,7 @@ def main(argv=None) -> int:
         weights = _weights(preset, torch.device("cuda"), 5)
         for tokens in args.tokens:
             results += run_cell(preset, tokens, bundles, weights, dog, args.profile, gen, args.variants, args.routing,
-                                tuple(dict.fromkeys(args.padding)))
+                                tuple(dict.fromkeys(args.padding)), args.sustain, tuple(args.sustain_only))
         del weights
         torch.cuda.empty_cache()
     if args.json:

@@ -1,0 +1,297 @@
+"""Board power and SM clock while one CUDA graph replays back to back: is a kernel power-bound?
+
+    sampler = PowerSampler(device_index=0)          # NVML through ctypes, else `nvidia-smi --query-gpu` per sample
+    reading = sustain(graph, calls_per_replay=4, seconds=2.5, sampler=sampler)
+    reading.power_w, reading.sm_mhz, reading.ms_per_call, reading.reasons
+
+At the sizes of a prefill GEMM the H200 runs under its power limit: its SM clock drops until the board draws what
+the limit allows. Two kernels that reach the same board power at different speeds differ in energy per operation,
+and only a lower energy per useful operation (fewer padding MMAs, fewer bytes moved) makes such a kernel faster.
+`sustain` replays one graph for a fixed time, discards the first `settle_s` (the board's power reading is a
+running average and the clock needs a moment to settle), and reports the medians of the samples taken after it,
+with the throttle reasons seen in them and the time per call measured over the same window.
+
+Reads only: nothing here sets clocks or limits. Needs a CUDA GPU and the driver's NVML library (or nvidia-smi).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+
+__all__ = ["ClockEventReason", "PowerReading", "PowerSample", "PowerSampler", "main", "matmul_reading",
+           "parse_smi_line", "summarize", "sustain"]
+
+
+class ClockEventReason(enum.IntFlag):
+    """NVML's clocks event (throttle) reason bits that matter for a sustained kernel."""
+
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS_SETTING = 0x2
+    SW_POWER_CAP = 0x4
+    HW_SLOWDOWN = 0x8
+    SYNC_BOOST = 0x10
+    SW_THERMAL_SLOWDOWN = 0x20
+    HW_THERMAL_SLOWDOWN = 0x40
+    HW_POWER_BRAKE_SLOWDOWN = 0x80
+    DISPLAY_CLOCK_SETTING = 0x100
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerSample:
+    t: float  # host time.time() of the sample (nvidia-smi: its own timestamp, local time)
+    power_w: float
+    sm_mhz: float
+    reasons: int  # ClockEventReason bits
+    temperature_c: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerReading:
+    """Medians over the settled part of one sustained replay."""
+
+    ms_per_call: float
+    power_w: float
+    sm_mhz: float
+    temperature_c: float
+    power_limit_w: float | None
+    reasons: tuple[str, ...]  # the ClockEventReason names set in at least half the samples
+    samples: int
+
+    def joules_per_call(self) -> float:
+        return self.power_w * self.ms_per_call * 1e-3
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self) | {"joules_per_call": self.joules_per_call()}
+
+
+def parse_smi_line(line: str) -> PowerSample | None:
+    """One line of `nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm,clocks_event_reasons.active,
+    temperature.gpu --format=csv,noheader,nounits` (None for a line that is not such a sample, e.g. '[N/A]'
+    fields). The timestamp is nvidia-smi's own (local time), so samples keep their times when its output reaches
+    the pipe in bursts."""
+    fields = [f.strip() for f in line.split(",")]
+    if len(fields) != 5:
+        return None
+    try:
+        t = datetime.datetime.strptime(fields[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        power, clock, temp = float(fields[1]), float(fields[2]), float(fields[4])
+        reasons = int(fields[3], 16) if fields[3].lower().startswith("0x") else int(fields[3])
+    except ValueError:
+        return None
+    return PowerSample(t, power, clock, reasons, temp)
+
+
+class _Nvml:
+    """The few NVML calls the sampler needs, through ctypes on the driver's libnvidia-ml.so.1 (present wherever
+    nvidia-smi works; no Python package needed)."""
+
+    CLOCK_SM = 1
+    TEMPERATURE_GPU = 0
+
+    def __init__(self, device_index: int):
+        import ctypes
+
+        self._ct = ctypes
+        self._lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self._check(self._lib.nvmlInit_v2(), "nvmlInit_v2")
+        self._handle = ctypes.c_void_p()
+        self._check(self._lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(device_index), ctypes.byref(self._handle)),
+                    "nvmlDeviceGetHandleByIndex_v2")
+        self._reasons = getattr(self._lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            self._lib.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    @staticmethod
+    def _check(status: int, name: str) -> None:
+        if status != 0:
+            raise OSError(f"{name}: NVML error {status}")
+
+    def _uint(self, fn, *args) -> int:
+        value = self._ct.c_uint()
+        self._check(fn(self._handle, *args, self._ct.byref(value)), fn.__name__)
+        return value.value
+
+    def sample(self) -> PowerSample:
+        reasons = self._ct.c_ulonglong()
+        self._check(self._reasons(self._handle, self._ct.byref(reasons)), "clock event reasons")
+        return PowerSample(time.time(), self._uint(self._lib.nvmlDeviceGetPowerUsage) / 1000.0,
+                           float(self._uint(self._lib.nvmlDeviceGetClockInfo, self._ct.c_int(self.CLOCK_SM))),
+                           int(reasons.value),
+                           float(self._uint(self._lib.nvmlDeviceGetTemperature, self._ct.c_int(self.TEMPERATURE_GPU))))
+
+    def power_limit_w(self) -> float:
+        return self._uint(self._lib.nvmlDeviceGetEnforcedPowerLimit) / 1000.0
+
+
+class PowerSampler:
+    """Samples board power, SM clock, clock event reasons and temperature of one GPU every `period_s` in a
+    background thread between start() and stop(). Backend: NVML through ctypes where the driver's library
+    loads, else one `nvidia-smi --query-gpu` call per sample (slower: tens of ms each); `available()` says
+    whether either exists."""
+
+    def __init__(self, device_index: int = 0, period_s: float = 0.02):
+        if not isinstance(device_index, int) or device_index < 0:
+            raise ValueError(f"device_index: expected a non-negative int, got {device_index!r}")
+        if not period_s > 0:
+            raise ValueError(f"period_s: expected a positive number of seconds, got {period_s!r}")
+        self.device_index = device_index
+        self.period_s = period_s
+        self.samples: list[PowerSample] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            self._nvml: _Nvml | None = _Nvml(device_index)
+        except (OSError, AttributeError):  # no driver library here, or no such device
+            self._nvml = None
+
+    def available(self) -> bool:
+        return self._nvml is not None or shutil.which("nvidia-smi") is not None
+
+    def backend(self) -> str:
+        return "nvml" if self._nvml is not None else "nvidia-smi"
+
+    def power_limit_w(self) -> float | None:
+        if self._nvml is not None:
+            return self._nvml.power_limit_w()
+        if shutil.which("nvidia-smi") is None:
+            return None
+        out = subprocess.run(["nvidia-smi", "-i", str(self.device_index), "--query-gpu=power.limit",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True)
+        try:
+            return float(out.stdout.strip().splitlines()[0])
+        except (ValueError, IndexError):
+            return None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("PowerSampler.start: already sampling")
+        if not self.available():
+            raise RuntimeError("PowerSampler.start: neither NVML nor nvidia-smi is available")
+        self.samples = []
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[PowerSample]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._thread = None
+        return list(self.samples)
+
+    def _smi_sample(self) -> PowerSample | None:
+        for field in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+            out = subprocess.run(["nvidia-smi", "-i", str(self.device_index),
+                                  f"--query-gpu=timestamp,power.draw,clocks.sm,{field},temperature.gpu",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True)
+            sample = parse_smi_line(out.stdout.strip()) if out.returncode == 0 else None
+            if sample is not None:
+                return sample
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sample = self._nvml.sample() if self._nvml is not None else self._smi_sample()
+            if sample is not None:
+                self.samples.append(sample)
+            self._stop.wait(self.period_s)
+
+
+def summarize(samples: list[PowerSample], t_from: float, t_to: float, ms_per_call: float,
+              power_limit_w: float | None) -> PowerReading:
+    """The medians of the samples taken in [t_from, t_to], and the reasons set in at least half of them."""
+    window = [s for s in samples if t_from <= s.t <= t_to]
+    if not window:
+        raise RuntimeError(f"summarize: no power sample in the {t_to - t_from:.2f} s window")
+    counts = {flag: sum(1 for s in window if s.reasons & flag) for flag in ClockEventReason}
+    reasons = tuple(flag.name for flag, n in counts.items() if 2 * n >= len(window))
+    return PowerReading(ms_per_call, statistics.median(s.power_w for s in window),
+                        statistics.median(s.sm_mhz for s in window),
+                        statistics.median(s.temperature_c for s in window), power_limit_w, reasons, len(window))
+
+
+def sustain(graph, calls_per_replay: int, seconds: float, sampler: PowerSampler, settle_s: float = 1.0,
+            power_limit_w: float | None = None) -> PowerReading:
+    """Replay `graph` (a torch.cuda.CUDAGraph of `calls_per_replay` calls) back to back for `seconds`, sampling
+    power from the start; the reading covers the replays after the first `settle_s` seconds."""
+    import torch
+
+    if not seconds > settle_s >= 0:
+        raise ValueError(f"seconds: expected more than settle_s ({settle_s}), got {seconds!r}")
+    if not isinstance(calls_per_replay, int) or calls_per_replay < 1:
+        raise ValueError(f"calls_per_replay: expected a positive int, got {calls_per_replay!r}")
+    sampler.start()
+    try:
+        t0 = time.time()
+        while time.time() - t0 < settle_s:  # settle: replay without timing
+            graph.replay()
+            torch.cuda.synchronize()
+        t1 = time.time()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        replays = 0
+        start.record()
+        while time.time() - t1 < seconds - settle_s:
+            for _ in range(4):  # a few replays in flight between host checks keep the GPU busy
+                graph.replay()
+            replays += 4
+            if replays % 16 == 0:
+                torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        t2 = time.time()
+    finally:
+        time.sleep(2 * sampler.period_s)  # the samples of the last replays
+        samples = sampler.stop()
+    ms_per_call = start.elapsed_time(end) / (replays * calls_per_replay)
+    return summarize(samples, t1, t2, ms_per_call, power_limit_w)
+
+
+def matmul_reading(size: int = 8192, seconds: float = 3.0, copies: int = 4) -> tuple[float, PowerReading]:
+    """(TFLOP/s, reading) of the floor's own ceiling, a size^3 bf16 matmul on random data (serving_bench/floors.py
+    times it for a few ms at the start of a run), replayed back to back for `seconds`: the rate the card holds at
+    its power limit, beside the rate of a short burst."""
+    import torch
+
+    if not isinstance(size, int) or size < 256:
+        raise ValueError(f"size: expected an int >= 256, got {size!r}")
+    a = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
+    for x in a:
+        torch.mm(x, b, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in a:
+            torch.mm(x, b, out=out)
+    sampler = PowerSampler(torch.cuda.current_device())
+    reading = sustain(graph, copies, seconds, sampler, power_limit_w=sampler.power_limit_w())
+    return 2.0 * size**3 / (reading.ms_per_call * 1e-3) / 1e12, reading
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m moe2cta.serving_bench.power", description=__doc__.splitlines()[0])
+    parser.add_argument("--matmul", type=int, default=8192, metavar="SIZE", help="a SIZE^3 bf16 matmul (default 8192)")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    tflops, reading = matmul_reading(args.matmul, args.seconds)
+    print(f"{args.matmul}^3 bf16 matmul sustained {args.seconds:.1f} s: {tflops:.0f} TFLOP/s, "
+          f"{reading.power_w:.0f} W (limit {reading.power_limit_w}), {reading.sm_mhz:.0f} MHz, "
+          f"{reading.temperature_c:.0f} C, {'|'.join(reading.reasons) or 'no clock event'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"size": args.matmul, "tflops": tflops, "reading": reading.to_json()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

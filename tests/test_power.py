@@ -1,0 +1,81 @@
+"""serving_bench/power.py on the CPU: the nvidia-smi line parser, the window summary, argument checks. The
+sampler itself reads a GPU's NVML (tests marked gpu)."""
+import pytest
+import torch
+
+from moe2cta.serving_bench.power import (
+    ClockEventReason,
+    PowerSample,
+    PowerSampler,
+    parse_smi_line,
+    summarize,
+    sustain,
+)
+
+
+def test_parse_smi_line_reads_hex_reasons_and_its_own_timestamp():
+    a = parse_smi_line("2026/12/01 21:40:00.100, 612.35, 1395, 0x0000000000000004, 61")
+    b = parse_smi_line("2026/12/01 21:40:00.350, 700.00, 1290, 0x0000000000000000, 62")
+    assert (a.power_w, a.sm_mhz, a.reasons, a.temperature_c) == (612.35, 1395.0, 4, 61.0)
+    assert ClockEventReason(a.reasons) is ClockEventReason.SW_POWER_CAP
+    assert b.t - a.t == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("line", ["", "[N/A], 1395, 0x4, 61", "2026/12/01 21:40:00.1, [N/A], 1395, 0x4, 61",
+                                  "2026/12/01 21:40:00.1, 600, 1395, 0x4"])
+def test_parse_smi_line_rejects_what_is_no_sample(line):
+    assert parse_smi_line(line) is None
+
+
+def test_summarize_takes_medians_of_the_window_and_majority_reasons():
+    cap, thermal = int(ClockEventReason.SW_POWER_CAP), int(ClockEventReason.SW_THERMAL_SLOWDOWN)
+    samples = [PowerSample(0.0, 100.0, 1980, 0, 30)]  # before the window: ignored
+    samples += [PowerSample(1.0 + 0.1 * j, 690.0 + j, 1300 + 10 * j, cap | (thermal if j == 0 else 0), 60)
+                for j in range(5)]
+    samples += [PowerSample(9.0, 50.0, 300, 1, 30)]  # after it
+    reading = summarize(samples, 1.0, 1.5, ms_per_call=2.0, power_limit_w=700.0)
+    assert reading.samples == 5
+    assert (reading.power_w, reading.sm_mhz, reading.temperature_c) == (692.0, 1320, 60)
+    assert reading.reasons == ("SW_POWER_CAP",)  # thermal in 1 of 5 samples only
+    assert reading.joules_per_call() == pytest.approx(692.0 * 2e-3)
+    assert reading.to_json()["joules_per_call"] == pytest.approx(1.384)
+
+
+def test_summarize_without_samples_in_the_window_raises():
+    with pytest.raises(RuntimeError, match="no power sample"):
+        summarize([PowerSample(0.0, 100.0, 1980, 0, 30)], 1.0, 2.0, 1.0, None)
+
+
+def test_sampler_and_sustain_reject_bad_arguments():
+    with pytest.raises(ValueError, match="device_index"):
+        PowerSampler(-1)
+    with pytest.raises(ValueError, match="period_s"):
+        PowerSampler(0, period_s=0)
+    with pytest.raises(ValueError, match="seconds"):
+        sustain(None, 4, 1.0, None, settle_s=1.0)
+    with pytest.raises(ValueError, match="calls_per_replay"):
+        sustain(None, 0, 2.0, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_sustain_reads_power_while_a_matmul_replays():
+    import time
+
+    sampler = PowerSampler(torch.cuda.current_device())
+    assert sampler.available()
+    torch.cuda.synchronize()
+    time.sleep(1.0)  # the board's reading is a running average: let it fall to rest first
+    idle = sampler._nvml.sample() if sampler._nvml else sampler._smi_sample()
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+    torch.mm(a, a, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.mm(a, a, out=out)
+    reading = sustain(graph, 1, 2.0, sampler, power_limit_w=sampler.power_limit_w())
+    assert reading.samples >= 5
+    assert 0.3 < reading.ms_per_call < 10  # 1.1 TFLOP at 110-1000 TFLOP/s
+    assert reading.power_w > idle.power_w  # a matmul draws more than the card at rest
+    assert 200 < reading.sm_mhz < 2100
