@@ -132,7 +132,7 @@ class PowerSampler:
     """Samples board power, SM clock, clock event reasons and temperature of one GPU every `period_s` in a
     background thread between start() and stop(). Backend: NVML through ctypes where the driver's library
     loads, else one `nvidia-smi --query-gpu` call per sample (slower: tens of ms each); `available()` says
-    whether either exists."""
+    whether either exists. device_index is NVML's (the CUDA index where CUDA_VISIBLE_DEVICES does not reorder)."""
 
     def __init__(self, device_index: int = 0, period_s: float = 0.02):
         if not isinstance(device_index, int) or device_index < 0:
