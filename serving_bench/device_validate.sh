@@ -160,6 +160,16 @@ prefill-power)  # sustained board power, SM clock and energy per useful FLOP: th
     step prefill-power 420 python3 -m moe2cta.serving_bench.prefill_gemm_bench --bundle "new=$kdir" \
         --tokens ${POWER_TOKENS:-2048 8192} ${POWER_MODELS:+--models $POWER_MODELS} --sustain "${POWER_SECONDS:-2.5}" \
         --json "$out/prefill-power.json" ;;
+prefill-ncu-sections)  # Nsight Compute sections of the CuTe prefill GEMMs: tensor pipe, memory, warp stalls, clock
+    for cell in ${NCU_CELLS:-qwen3-30b-a3b:2048 gpt-oss-120b:8192}; do
+        # shellcheck disable=SC2086
+        step "ncu-sections-${cell/:/-}" 240 ncu --clock-control none --section SpeedOfLight \
+            --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+            --section SchedulerStats --kernel-name regex:"${NCU_KERNELS:-cute_backend}" \
+            python3 -m moe2cta.serving_bench.prefill_gemm_bench --profile --bundle "new=$kdir" \
+            --models "${cell%%:*}" --tokens "${cell##*:}" --variants ${NCU_VARIANTS:-default} \
+            --routing ${PREFILL_ROUTING:-random} --padding ${PREFILL_PADDING:-random}
+    done ;;
 prefill-ncu)  # Nsight Compute: time, DRAM bytes, L2 hit rate, SM clock of the CuTe (NCU_VARIANTS) and Triton GEMMs
     for cell in ${NCU_CELLS:-qwen3-235b-a22b:8192 deepseek-v3:8192}; do
         # shellcheck disable=SC2086
