@@ -121,6 +121,20 @@ class KernelKey:
         """Symbol of the exported entry function (a C identifier)."""
         return "moe2cta_" + re.sub(r"[^A-Za-z0-9_]", "_", self.file_stem())
 
+    @classmethod
+    def from_json(cls, data: dict) -> "KernelKey":
+        """The key to_json wrote (a bundle manifest's or a requests file's "key")."""
+        if not isinstance(data, dict):
+            raise TypeError(f"data: expected a dict of KernelKey fields, got {type(data).__name__}")
+
+        def tuples(value):
+            return tuple(tuples(v) for v in value) if isinstance(value, list) else value
+
+        try:
+            return cls(**{name: tuples(value) for name, value in data.items()})
+        except TypeError as exc:
+            raise TypeError(f"data: not a KernelKey ({exc})") from None
+
     def to_json(self) -> dict:
         return {
             "family": self.family,

@@ -25,6 +25,7 @@ __all__ = [
     "apply_activation",
     "epilogue_name",
     "pack_gate_up_rows",
+    "parse_epilogue_name",
     "unpack_gate_up_rows",
 ]
 
@@ -74,6 +75,17 @@ def epilogue_name(stage: GemmStage, activation: "Activation | None", has_row_sca
     if has_bias:
         name += "_bias"
     return name
+
+
+def parse_epilogue_name(name: str) -> "tuple[GemmStage, Activation | None, bool, bool]":
+    """(stage, activation, has_row_scale, has_bias) whose epilogue_name is `name` (ValueError for any other)."""
+    for stage in GemmStage:
+        for activation in (Activation if stage is GemmStage.GEMM1 else (None,)):
+            for has_row_scale in (False, True):
+                for has_bias in (False, True):
+                    if epilogue_name(stage, activation, has_row_scale, has_bias) == name:
+                        return stage, activation, has_row_scale, has_bias
+    raise ValueError(f"name: {name!r} is no epilogue name (an activation or 'plain', then '_rowscale', '_bias')")
 
 
 def apply_activation(gate: torch.Tensor, up: torch.Tensor, activation: Activation) -> torch.Tensor:

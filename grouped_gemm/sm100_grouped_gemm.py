@@ -67,7 +67,15 @@ from .budget import (
     tmem_allocation_columns,
     tmem_columns,
 )
-from .epilogue import GATE_UP_CHUNK, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation, GemmStage, epilogue_name
+from .epilogue import (
+    GATE_UP_CHUNK,
+    SWIGLU_OAI_ALPHA,
+    SWIGLU_OAI_LIMIT,
+    Activation,
+    GemmStage,
+    epilogue_name,
+    parse_epilogue_name,
+)
 # one host-side epilogue operand layout for both CuTe families
 from .sm90_grouped_gemm import KernelBias, epilogue_operands, kernel_bias  # noqa: F401 (kernel_bias: the layer)
 
@@ -83,6 +91,7 @@ __all__ = [
     "compile_kernel",
     "compile_for_preset",
     "compile_requests",
+    "kernel_from_key",
     "kernel_request",
     "ptx_report",
     "tile_plan",
@@ -860,6 +869,26 @@ def kernel_request(config: Sm100GemmConfig, problem: Sm100Problem) -> dict:
     from .cute_runtime import dataclass_to_json
 
     return {"family": FAMILY, "config": dataclass_to_json(config), "problem": dataclass_to_json(problem)}
+
+
+def kernel_from_key(key) -> tuple[Sm100GemmConfig, Sm100Problem]:
+    """The (config, problem) whose kernel_key is `key`, pair_threshold (a runtime value) at 0: a bundle's manifest
+    says enough about each kernel to build it again. ValueError where `key` is no key this family makes."""
+    if key.family != FAMILY:
+        raise ValueError(f"key: expected a {FAMILY} key, got family {key.family!r}")
+    extra = {item[0]: item[1:] for item in key.extra if isinstance(item, tuple) and len(item) >= 2}
+    stage, activation, has_row_scale, has_bias = parse_epilogue_name(key.epilogue)
+    try:
+        config = Sm100GemmConfig(unit=WorkUnit.PAIR if tuple(key.cluster) == (2, 1, 1) else WorkUnit.SINGLE,
+                                 tile_n=key.tile[1], tile_k=key.tile[2], stages=extra["stages"][0],
+                                 accumulator_slots=extra["acc"][0], epi_n=extra["epi"][0], epi_buffers=extra["epi"][1])
+        problem = Sm100Problem(stage, key.n, key.k, key.num_experts, key.dtype, activation, has_bias, has_row_scale)
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        raise ValueError(f"key: {key.file_stem()} is no {FAMILY} key ({exc})") from None
+    if kernel_key(config, problem) != key:
+        raise ValueError(f"key: {key.file_stem()} names no kernel this family builds (read back as "
+                         f"{kernel_key(config, problem).file_stem()})")
+    return config, problem
 
 
 def compile_requests(requests, out_dir, keep_ptx: bool = False) -> list:

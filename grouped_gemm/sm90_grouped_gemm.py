@@ -25,7 +25,7 @@ import torch
 
 from .budget import ARCH_LIMITS, Arch, WorkUnit, input_bytes_per_stage, max_stages
 from .cute_runtime import KernelCache, KernelKey
-from .epilogue import GATE_UP_CHUNK, Activation, GemmStage, epilogue_name, pack_gate_up_rows
+from .epilogue import GATE_UP_CHUNK, Activation, GemmStage, epilogue_name, pack_gate_up_rows, parse_epilogue_name
 
 __all__ = [
     "Scheduler",
@@ -60,6 +60,7 @@ __all__ = [
     "sm90_grouped_gemm2",
     "compile_for_preset",
     "compile_requests",
+    "kernel_from_key",
     "kernel_request",
     "preset_configs",
 ]
@@ -944,6 +945,40 @@ def kernel_request(config: Sm90GemmConfig, problem: Sm90Problem) -> dict:
     from .cute_runtime import dataclass_to_json
 
     return {"family": FAMILY, "config": dataclass_to_json(config), "problem": dataclass_to_json(problem)}
+
+
+def kernel_from_key(key: KernelKey) -> tuple[Sm90GemmConfig, Sm90Problem]:
+    """The (config, problem) whose kernel_key is `key`, pair_threshold (a runtime value) at its default: a bundle's
+    manifest says enough about each kernel to build it again (`python -m moe2cta.aot requests --from-bundle`).
+    ValueError where `key` is no key this family makes."""
+    if key.family != FAMILY:
+        raise ValueError(f"key: expected a {FAMILY} key, got family {key.family!r}")
+    extra = {item[0]: item[1] for item in key.extra if isinstance(item, tuple) and len(item) == 2}
+    stage, activation, has_row_scale, has_bias = parse_epilogue_name(key.epilogue)
+    dtype = {_dtype_name(d): d for d in (torch.bfloat16, torch.float16)}.get(key.dtype)
+    if dtype is None or len(key.tile) != 3 or key.cluster[0] not in (1, 2) or "stages" not in extra:
+        raise ValueError(f"key: {key.file_stem()} is no {FAMILY} key")
+    try:
+        config = Sm90GemmConfig(
+            tile_m=key.tile[0], tile_n=key.tile[1], tile_k=key.tile[2], stages=extra["stages"],
+            work_unit=WorkUnit.PAIR if key.cluster[0] == 2 else WorkUnit.SINGLE,
+            scheduler=Scheduler(extra.get("sched", Scheduler.STATIC.value)),
+            raster=Raster(extra.get("raster", Raster.ALONG_N.value)),
+            raster_group_m=extra.get("group", GROUPED_RASTER_GROUP_M),
+            consumers=Consumers(extra.get("consumers", Consumers.COOPERATIVE.value)),
+            operands=Operands(extra.get("operands", Operands.TOKENS_AS_M.value)),
+            padding_rows=PaddingRows(extra.get("padding", PaddingRows.MULTIPLY.value)),
+            token_step=extra.get("token_step", 0),
+            a_source=ASource(extra.get("a_source", ASource.EXPERT_ORDER_COPY.value)),
+            epilogue_store=EpilogueStore(extra.get("store", EpilogueStore.AFTER_MAINLOOP.value)),
+        )
+    except ValueError as exc:
+        raise ValueError(f"key: {key.file_stem()}: {exc}") from None
+    problem = Sm90Problem(stage, key.n, key.k, key.num_experts, dtype, activation, has_bias, has_row_scale)
+    if kernel_key(config, problem) != key:
+        raise ValueError(f"key: {key.file_stem()} names no kernel this family builds (read back as "
+                         f"{kernel_key(config, problem).file_stem()})")
+    return config, problem
 
 
 def compile_requests(requests, out_dir, keep_ptx: bool = False) -> list:

@@ -6,6 +6,8 @@
 
     python -m moe2cta.aot build --requests FILE --arch sm_90a --out DIR   (exactly the kernels a workload asked for:
     FILE is what a run with MOE2CTA_KERNEL_REQUESTS=FILE recorded where it found neither the DSL nor the kernel)
+    python -m moe2cta.aot requests --from-bundle DIR --out FILE   (a requests file of every kernel in a bundle, to
+    build the same bundle elsewhere or with another compiler version)
 
 writes one shared library per kernel (tvm-ffi ABI, symbolic token count) plus manifest.json into DIR, and
 with --keep-ptx the PTX beside each. At run time point MOE2CTA_KERNEL_DIR (or the kernel_directory argument)
@@ -21,11 +23,12 @@ import time
 
 from .presets import custom_preset, get_preset
 
-__all__ = ["build", "build_requests", "main"]
+__all__ = ["build", "build_requests", "bundle_requests", "main"]
 
 ARCHES = ("sm_90a", "sm_100a")
 FAMILY_MODULES = {"sm_90a": "moe2cta.grouped_gemm.sm90_grouped_gemm",
                   "sm_100a": "moe2cta.grouped_gemm.sm100_grouped_gemm"}
+FAMILIES = {"sm90_grouped_gemm": FAMILY_MODULES["sm_90a"], "sm100_grouped_gemm": FAMILY_MODULES["sm_100a"]}
 
 
 def build(model: str, arch: str, out_dir: str, keep_ptx: bool = False) -> list:
@@ -70,6 +73,28 @@ def build_requests(requests_path: str, arch: str, out_dir: str, keep_ptx: bool =
     return [item[-1] if isinstance(item, tuple) else item for item in paths]
 
 
+def bundle_requests(bundle_dir: str, out_file: str, exclude_dirs=()) -> int:
+    """Append a request for every kernel in bundle_dir's manifest (except those also in the `exclude_dirs` bundles)
+    to out_file; returns how many were new there. Each key is read back into its configuration and checked to give
+    the same key again, so a file written here builds the same libraries."""
+    from moe2cta.grouped_gemm.cute_runtime import KernelKey, read_manifest, record_request
+
+    manifest = read_manifest(bundle_dir)
+    if not manifest:
+        raise ValueError(f"from_bundle: {bundle_dir} has no manifest.json entries")
+    skip = set().union(*(read_manifest(d) for d in exclude_dirs)) if exclude_dirs else set()
+    written = 0
+    for stem, entry in sorted(manifest.items()):
+        if stem in skip:
+            continue
+        key = KernelKey.from_json(entry["key"])
+        if key.family not in FAMILIES:
+            raise ValueError(f"from_bundle: {stem}: no family {key.family!r} here ({sorted(FAMILIES)})")
+        module = importlib.import_module(FAMILIES[key.family])
+        written += record_request(out_file, key, module.kernel_request(*module.kernel_from_key(key)))
+    return written
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moe2cta.aot", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,7 +105,20 @@ def main(argv=None) -> int:
     b.add_argument("--arch", required=True, choices=ARCHES)
     b.add_argument("--out", required=True, help="bundle directory")
     b.add_argument("--keep-ptx", action="store_true", help="write each kernel's PTX beside it")
+    r = sub.add_parser("requests", help="write a requests file of every kernel in a bundle")
+    r.add_argument("--from-bundle", required=True, metavar="DIR", help="bundle directory (its manifest.json)")
+    r.add_argument("--exclude-bundle", action="append", default=[], metavar="DIR",
+                   help="leave out the kernels this bundle also holds (repeatable; e.g. the preset builds)")
+    r.add_argument("--out", required=True, metavar="FILE", help="requests file (appended, one line per kernel)")
     args = parser.parse_args(argv)
+    if args.command == "requests":
+        try:
+            count = bundle_requests(args.from_bundle, args.out, args.exclude_bundle)
+        except (TypeError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{count} kernel requests -> {args.out}")
+        return 0
     start = time.time()
     try:
         if args.requests:

@@ -7,8 +7,9 @@
 #   shared/gpu/runtime-bundle.sh .bundle/rt
 # The carry holds at most 64 MB with the repository (~20 MB) and the runtime (17 MB): a bundle of every variant
 # no longer fits. The layer grid needs only `python -m moe2cta.aot build --model M --arch sm_90a --out DIR` for the
-# five presets (109 kernels, 7 MB); the GPU tests' small shapes need the check builds' kernels beside them (stop 25
-# carried .kernels/final: those AOT builds plus the small-shape kernels of an all-variants bundle, 21 MB).
+# five presets (109 kernels, 7 MB); the GPU tests' small shapes need 204 more kernels beside them, listed in
+# serving_bench/gpu-test-kernels.jsonl: `python -m moe2cta.aot build --requests serving_bench/gpu-test-kernels.jsonl
+# --arch sm_90a --out DIR` (into the same DIR; stop 25's .kernels/final is that bundle, 21 MB).
 # Usage there: LANE0="pingpong racecheck" LANE1="tests layer" bash serving_bench/device_validate.sh
 # Each lane runs its steps in order on its own GPU (lane 1 on GPU 1 when there are two, else after lane 0).
 set -uo pipefail

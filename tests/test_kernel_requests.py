@@ -7,6 +7,7 @@ sm_90a kernel (needs nvidia-cutlass-dsl) and refuses files it cannot build from,
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -137,3 +138,73 @@ def test_aot_build_requests_compiles_exactly_the_recorded_kernels(tmp_path):
     assert set(manifest) == {s90.kernel_key(c, SMALL_PROBLEM).file_stem() for c in (SMALL_CONFIG, other)}
     for entry in manifest.values():
         assert (out / entry["library"]).exists()
+
+
+@pytest.mark.parametrize("model", sorted(PRESETS))
+def test_every_preset_kernel_reads_back_from_its_key(model):
+    """kernel_from_key inverts kernel_key (through the key's JSON, as a manifest holds it) for both families."""
+    preset = get_preset(model)
+    for module, pairs in ((s90, s90.preset_configs(preset)),
+                          (sm100, [(c, p) for p, c in sm100.preset_configs(preset, "bfloat16")])):
+        for config, problem in pairs:
+            key = rt.KernelKey.from_json(json.loads(json.dumps(module.kernel_key(config, problem).to_json())))
+            assert key == module.kernel_key(config, problem)
+            config2, problem2 = module.kernel_from_key(key)
+            assert module.kernel_key(config2, problem2) == key and problem2 == problem
+
+
+def test_kernel_from_key_rejects_foreign_and_made_up_keys():
+    key = _key()
+    with pytest.raises(ValueError, match="expected a sm100_grouped_gemm key"):
+        sm100.kernel_from_key(key)
+    made_up = rt.KernelKey.from_json(key.to_json() | {"epilogue": "relu"})
+    with pytest.raises(ValueError, match="'relu' is no epilogue name"):
+        s90.kernel_from_key(made_up)
+    odd = rt.KernelKey.from_json(key.to_json() | {"extra": [["stages", 4], ["sched", "sometimes"]]})
+    with pytest.raises(ValueError, match="'sometimes' is not a valid Scheduler"):
+        s90.kernel_from_key(odd)
+    with pytest.raises(TypeError, match="not a KernelKey"):
+        rt.KernelKey.from_json({"family": "x"})
+
+
+def test_requests_from_bundle_leave_out_what_another_bundle_holds(tmp_path):
+    """`aot requests --from-bundle` on two manifests (no compile needed: only manifest entries are read)."""
+    small, other = tmp_path / "small", tmp_path / "presets"
+    pairs = [(SMALL_CONFIG, SMALL_PROBLEM), (s90.Sm90GemmConfig(tile_n=128, scheduler=s90.Scheduler.DYNAMIC),
+                                             SMALL_PROBLEM)]
+    for directory, chosen in ((small, pairs), (other, pairs[1:])):
+        directory.mkdir()
+        for config, problem in chosen:
+            key = s90.kernel_key(config, problem)
+            rt._write_manifest_entry(directory, key.file_stem(), {"key": key.to_json()})
+    out = tmp_path / "requests.jsonl"
+    cmd = [sys.executable, "-m", "moe2cta.aot", "requests", "--from-bundle", str(small), "--exclude-bundle", str(other),
+           "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "1 kernel requests" in done.stdout
+    entries = rt.read_requests(out)
+    assert [e["stem"] for e in entries] == [s90.kernel_key(*pairs[0]).file_stem()]
+    read_back = entries[0]["request"]  # the same kernel (its stage count now explicit, as the key holds it)
+    config = rt.dataclass_from_json(s90.Sm90GemmConfig, read_back["config"])
+    assert config == dataclasses.replace(SMALL_CONFIG, stages=s90.resolve_stages(SMALL_CONFIG))
+    assert aot.bundle_requests(str(small), str(out)) == 1  # the second kernel; the first is already there
+    with pytest.raises(ValueError, match="no manifest.json entries"):
+        aot.bundle_requests(str(tmp_path / "nothing"), str(out))
+
+
+def test_committed_gpu_test_kernels_read_back():
+    """serving_bench/gpu-test-kernels.jsonl (the GPU tests' kernels beyond the preset builds) holds requests that
+    still name kernels this code builds: each reads back to a config can_implement accepts, with its recorded key."""
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "serving_bench" / "gpu-test-kernels.jsonl"
+    entries = rt.read_requests(path)
+    assert len(entries) > 100
+    for entry in entries:
+        request = entry["request"]
+        config = rt.dataclass_from_json(s90.Sm90GemmConfig, request["config"])
+        problem = rt.dataclass_from_json(s90.Sm90Problem, request["problem"])
+        assert s90.can_implement(config, problem) == (True, "")
+        assert s90.kernel_key(config, problem) == rt.KernelKey.from_json(entry["key"])
+        assert s90.kernel_key(config, problem).file_stem() == entry["stem"]
