@@ -40,8 +40,10 @@ __all__ = [
     "KERNEL_REQUESTS_ENV",
     "dataclass_from_json",
     "dataclass_to_json",
+    "make_request",
     "read_requests",
     "record_request",
+    "requested_kernels",
     "requests_file",
     "KernelKey",
     "kernel_dir",
@@ -236,6 +238,27 @@ def dataclass_from_json(cls, data: dict):
 
 
 # ---------------------------------------------------------------------------------------------- requests
+def make_request(family: str, config, problem) -> dict:
+    """{"family", "config", "problem"}: what a family's compile_requests needs to build one kernel elsewhere."""
+    return {"family": family, "config": dataclass_to_json(config), "problem": dataclass_to_json(problem)}
+
+
+def requested_kernels(requests, family: str, config_type, problem_type, can_implement) -> list[tuple]:
+    """The distinct (config, problem) pairs of make_request dicts (in order), each of `family` and accepted by the
+    family's can_implement; otherwise a ValueError naming the request (1-based) and why."""
+    pairs = []
+    for number, request in enumerate(requests, 1):
+        if not isinstance(request, dict) or request.get("family") != family:
+            raise ValueError(f"requests[{number}]: expected a {family} request, got {request!r}")
+        config = dataclass_from_json(config_type, request.get("config"))
+        problem = dataclass_from_json(problem_type, request.get("problem"))
+        ok, why = can_implement(config, problem)
+        if not ok:
+            raise ValueError(f"requests[{number}]: {why}")
+        pairs.append((config, problem))
+    return list(dict.fromkeys(pairs))
+
+
 def record_request(path: str | os.PathLike, key: "KernelKey", request: dict) -> bool:
     """Append {"stem", "key", "request"} as one JSON line to `path` unless that kernel is already there; True when
     written. `request` holds what its family's compile_requests needs ({"family", "config", "problem"})."""

@@ -866,9 +866,9 @@ def compile_for_preset(preset, out_dir=None, keep_ptx: bool = False, dtype: str 
 
 def kernel_request(config: Sm100GemmConfig, problem: Sm100Problem) -> dict:
     """What compile_requests needs to build this kernel elsewhere (cute_runtime's requests file)."""
-    from .cute_runtime import dataclass_to_json
+    from .cute_runtime import make_request
 
-    return {"family": FAMILY, "config": dataclass_to_json(config), "problem": dataclass_to_json(problem)}
+    return make_request(FAMILY, config, problem)
 
 
 def kernel_from_key(key) -> tuple[Sm100GemmConfig, Sm100Problem]:
@@ -894,19 +894,10 @@ def kernel_from_key(key) -> tuple[Sm100GemmConfig, Sm100Problem]:
 def compile_requests(requests, out_dir, keep_ptx: bool = False) -> list:
     """Compile and export the kernels of `requests` (kernel_request dicts) into out_dir; returns [(KernelKey, path)].
     A request of another family, or one this family cannot implement, is a ValueError that says which."""
-    from .cute_runtime import dataclass_from_json
+    from .cute_runtime import requested_kernels
 
-    pairs = []
-    for number, request in enumerate(requests, 1):
-        if not isinstance(request, dict) or request.get("family") != FAMILY:
-            raise ValueError(f"requests[{number}]: expected a {FAMILY} request, got {request!r}")
-        config = dataclass_from_json(Sm100GemmConfig, request.get("config"))
-        problem = dataclass_from_json(Sm100Problem, request.get("problem"))
-        ok, why = can_implement(config, problem)
-        if not ok:
-            raise ValueError(f"requests[{number}]: {why}")
-        pairs.append((config, problem))
-    return [_build(config, problem, out_dir, keep_ptx) for config, problem in dict.fromkeys(pairs)]
+    pairs = requested_kernels(requests, FAMILY, Sm100GemmConfig, Sm100Problem, can_implement)
+    return [_build(config, problem, out_dir, keep_ptx) for config, problem in pairs]
 
 
 def _build(config: Sm100GemmConfig, problem: Sm100Problem, out_dir, keep_ptx: bool):

@@ -942,9 +942,9 @@ def compile_for_preset(preset, out_dir, keep_ptx: bool = False, extra_configs=()
 
 def kernel_request(config: Sm90GemmConfig, problem: Sm90Problem) -> dict:
     """What compile_requests needs to build this kernel elsewhere (cute_runtime's requests file)."""
-    from .cute_runtime import dataclass_to_json
+    from .cute_runtime import make_request
 
-    return {"family": FAMILY, "config": dataclass_to_json(config), "problem": dataclass_to_json(problem)}
+    return make_request(FAMILY, config, problem)
 
 
 def kernel_from_key(key: KernelKey) -> tuple[Sm90GemmConfig, Sm90Problem]:
@@ -985,19 +985,10 @@ def compile_requests(requests, out_dir, keep_ptx: bool = False) -> list:
     """Compile and export the kernels of `requests` (kernel_request dicts, e.g. cute_runtime.read_requests(path)'s
     "request" entries) into out_dir; a request of another family or that no longer describes a kernel it can
     implement is a ValueError that says which."""
-    from .cute_runtime import dataclass_from_json
+    from .cute_runtime import requested_kernels
 
-    pairs = []
-    for number, request in enumerate(requests, 1):
-        if not isinstance(request, dict) or request.get("family") != FAMILY:
-            raise ValueError(f"requests[{number}]: expected a {FAMILY} request, got {request!r}")
-        config = dataclass_from_json(Sm90GemmConfig, request.get("config"))
-        problem = dataclass_from_json(Sm90Problem, request.get("problem"))
-        ok, why = can_implement(config, problem)
-        if not ok:
-            raise ValueError(f"requests[{number}]: {why}")
-        pairs.append((config, problem))
-    return [_export(config, problem, out_dir, keep_ptx) for config, problem in dict.fromkeys(pairs)]
+    pairs = requested_kernels(requests, FAMILY, Sm90GemmConfig, Sm90Problem, can_implement)
+    return [_export(config, problem, out_dir, keep_ptx) for config, problem in pairs]
 
 
 def _export(config: Sm90GemmConfig, problem: Sm90Problem, out_dir, keep_ptx: bool):
