@@ -217,6 +217,8 @@ def _decode(hint, value, where: str):
         if not isinstance(value, list):
             raise TypeError(f"{where}: expected a list, got {value!r}")
         return tuple(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # JSON writes 2.0 as 2 in some writers
     if hint in (int, float, str, bool):
         if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
             raise TypeError(f"{where}: expected {hint.__name__}, got {value!r}")
