@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 import time
 
@@ -60,6 +61,8 @@ def build_requests(requests_path: str, arch: str, out_dir: str, keep_ptx: bool =
         raise ValueError(f"arch: expected one of {ARCHES}, got {arch!r}")
     from moe2cta.grouped_gemm.cute_runtime import dsl_available, read_requests
 
+    if not os.path.isfile(requests_path):
+        raise ValueError(f"requests: {requests_path} does not exist (a run with MOE2CTA_KERNEL_REQUESTS=FILE writes it)")
     entries = read_requests(requests_path)
     if not entries:
         raise ValueError(f"requests: {requests_path} holds no kernel requests")

@@ -103,6 +103,8 @@ def test_record_and_read_requests_check_their_input(tmp_path):
 
 
 def test_build_requests_refuses_what_it_cannot_build(tmp_path):
+    with pytest.raises(ValueError, match="absent.jsonl does not exist"):
+        aot.build_requests(str(tmp_path / "absent.jsonl"), "sm_90a", str(tmp_path / "out"))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match="holds no kernel requests"):
