@@ -144,6 +144,7 @@ class PowerSampler:
         self.samples: list[PowerSample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._error: Exception | None = None
         try:
             self._nvml: _Nvml | None = _Nvml(device_index)
         except (OSError, AttributeError):  # no driver library here, or no such device
@@ -173,16 +174,24 @@ class PowerSampler:
         if not self.available():
             raise RuntimeError("PowerSampler.start: neither NVML nor nvidia-smi is available")
         self.samples = []
+        self._error = None
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def stop(self) -> list[PowerSample]:
+        """The samples since start(); a read that failed in the sampling thread is raised here."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._thread = None
+        if self._error is not None:
+            raise RuntimeError(f"PowerSampler: reading the {self.backend()} failed: {self._error}") from self._error
         return list(self.samples)
+
+    def sample(self) -> PowerSample | None:
+        """One reading now (None where nvidia-smi gave no parsable line)."""
+        return self._nvml.sample() if self._nvml is not None else self._smi_sample()
 
     def _smi_sample(self) -> PowerSample | None:
         for field in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
@@ -195,11 +204,14 @@ class PowerSampler:
         return None
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            sample = self._nvml.sample() if self._nvml is not None else self._smi_sample()
-            if sample is not None:
-                self.samples.append(sample)
-            self._stop.wait(self.period_s)
+        try:
+            while not self._stop.is_set():
+                sample = self.sample()
+                if sample is not None:
+                    self.samples.append(sample)
+                self._stop.wait(self.period_s)
+        except OSError as exc:  # an NVML call failed: stop() reports it instead of an empty window
+            self._error = exc
 
 
 def summarize(samples: list[PowerSample], t_from: float, t_to: float, ms_per_call: float,
@@ -259,6 +271,8 @@ def matmul_reading(size: int = 8192, seconds: float = 3.0, copies: int = 4) -> t
 
     if not isinstance(size, int) or size < 256:
         raise ValueError(f"size: expected an int >= 256, got {size!r}")
+    if not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies: expected a positive int, got {copies!r}")
     a = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)

@@ -66,7 +66,7 @@ def test_gpu_sustain_reads_power_while_a_matmul_replays():
     assert sampler.available()
     torch.cuda.synchronize()
     time.sleep(1.0)  # the board's reading is a running average: let it fall to rest first
-    idle = sampler._nvml.sample() if sampler._nvml else sampler._smi_sample()
+    idle = sampler.sample()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(a)
     torch.mm(a, a, out=out)
@@ -79,3 +79,16 @@ def test_gpu_sustain_reads_power_while_a_matmul_replays():
     assert 0.3 < reading.ms_per_call < 10  # 1.1 TFLOP at 110-1000 TFLOP/s
     assert reading.power_w > idle.power_w  # a matmul draws more than the card at rest
     assert 200 < reading.sm_mhz < 2100
+
+
+def test_a_failed_read_in_the_sampling_thread_is_raised_by_stop(monkeypatch):
+    sampler = PowerSampler(0, period_s=0.001)
+    monkeypatch.setattr(sampler, "available", lambda: True)
+
+    def broken():
+        raise OSError("nvmlDeviceGetPowerUsage: NVML error 999")
+
+    monkeypatch.setattr(sampler, "sample", broken)
+    sampler.start()
+    with pytest.raises(RuntimeError, match="PowerSampler: reading the .* failed: nvmlDeviceGetPowerUsage"):
+        sampler.stop()
