@@ -45,7 +45,7 @@ def build(model: str, arch: str, out_dir: str, keep_ptx: bool = False) -> list:
         from moe2cta.grouped_gemm.sm90_grouped_gemm import compile_for_preset
 
         return compile_for_preset(preset, out_dir, keep_ptx=keep_ptx)
-    module_name = "moe2cta.grouped_gemm.sm100_grouped_gemm"
+    module_name = FAMILY_MODULES[arch]
     if importlib.util.find_spec(module_name) is None:
         raise RuntimeError(f"build: {module_name} is absent in this checkout: no sm_100a kernels to build")
     module = importlib.import_module(module_name)
