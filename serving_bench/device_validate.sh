@@ -61,6 +61,8 @@ tests)
     step tests 180 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_api.py" \
         "$repo/tests/test_serving_bench.py" "$repo/tests/test_triton_gemm.py" "$repo/tests/test_tuning.py" \
         "$repo/tests/test_power.py" ;;
+all-tests)  # every GPU test in one pytest run (the tiers above, together; needs the GPU-test bundle)
+    step all-tests ${ALL_TESTS_LIMIT:-560} python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests" ;;
 tune)
     step tune 90 python3 -m moe2cta.tune_cli run --model qwen3-30b-a3b --arch sm_90a --kernel-dir "$kdir" \
         --cache "$out/tuning-h200.json" --json "$out/tune.json" --verbose ;;
@@ -161,6 +163,14 @@ prefill-power)  # sustained board power, SM clock and energy per useful FLOP: th
     step prefill-power 420 python3 -m moe2cta.serving_bench.prefill_gemm_bench --bundle "new=$kdir" \
         --tokens ${POWER_TOKENS:-2048 8192} ${POWER_MODELS:+--models $POWER_MODELS} --sustain "${POWER_SECONDS:-2.5}" \
         --json "$out/prefill-power.json" ;;
+power-model)  # the power-capped card: idle, a DRAM read and copy stream, the floor's matmul, all sustained, and
+    # with POWER_STREAM_PJ each preset's prefill bound by the energy model against the floor (serving_bench/power.py)
+    step power-tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" "$repo/tests/test_power.py"
+    # (POWER_STREAM_PJ: a weight stream's pJ/byte, as prefill-power prints it per GEMM, for the bounds)
+    # shellcheck disable=SC2086
+    step power-model 120 python3 -m moe2cta.serving_bench.power --probes idle read copy matmul \
+        ${POWER_STREAM_PJ:+--stream-pj-per-byte $POWER_STREAM_PJ} --seconds "${POWER_SECONDS:-3}" \
+        --json "$out/power-model.json" ;;
 prefill-ncu-sections)  # Nsight Compute sections of the CuTe prefill GEMMs: tensor pipe, memory, warp stalls, clock
     for cell in ${NCU_CELLS:-qwen3-30b-a3b:2048 gpt-oss-120b:8192}; do
         # shellcheck disable=SC2086

@@ -24,8 +24,10 @@ import subprocess
 import threading
 import time
 
-__all__ = ["ClockEventReason", "PowerReading", "PowerSample", "PowerSampler", "main", "matmul_reading",
-           "parse_smi_line", "summarize", "sustain"]
+__all__ = ["ClockEventReason", "EnergyModel", "PowerReading", "PowerSample", "PowerSampler", "Probe", "StreamKind",
+           "idle_reading", "main", "matmul_reading", "parse_smi_line", "prefill_bounds", "stream_joules_per_byte",
+           "stream_reading", "summarize",
+           "sustain"]
 
 
 class ClockEventReason(enum.IntFlag):
@@ -288,22 +290,205 @@ def matmul_reading(size: int = 8192, seconds: float = 3.0, copies: int = 4) -> t
     return 2.0 * size**3 / (reading.ms_per_call * 1e-3) / 1e12, reading
 
 
+class StreamKind(enum.Enum):
+    """A DRAM stream to read power beside: what one replayed call does with its buffer."""
+
+    COPY = "copy"  # dst.copy_(src): bytes read + written, the convention of the floor's copy bandwidth
+    READ = "read"  # a sum of the buffer into fp32: bytes read, as a GEMM streams its weights
+
+
+def stream_reading(kind: StreamKind, buffer_bytes: int = 1 << 30, buffers: int = 4,
+                   seconds: float = 3.0) -> tuple[float, PowerReading]:
+    """(TB/s, reading) of a DRAM stream over `buffers` random bf16 buffers of `buffer_bytes` each (rotated, so
+    that L2 holds none of them), replayed back to back for `seconds`."""
+    import torch
+
+    if not isinstance(kind, StreamKind):
+        raise TypeError(f"kind: expected a StreamKind, got {kind!r}")
+    if not isinstance(buffer_bytes, int) or buffer_bytes < (1 << 20):
+        raise ValueError(f"buffer_bytes: expected an int >= 1 MiB, got {buffer_bytes!r}")
+    if not isinstance(buffers, int) or buffers < 1:
+        raise ValueError(f"buffers: expected a positive int, got {buffers!r}")
+    src = [torch.randn(buffer_bytes // 2, device="cuda", dtype=torch.bfloat16) for _ in range(buffers)]
+    if kind is StreamKind.COPY:
+        dst = [torch.empty_like(x) for x in src]
+        moved = 2 * src[0].numel() * 2
+
+        def call(i):
+            dst[i].copy_(src[i])
+    else:
+        sums = torch.empty(buffers, device="cuda", dtype=torch.float32)
+        moved = src[0].numel() * 2
+
+        def call(i):
+            torch.sum(src[i], dim=0, dtype=torch.float32, out=sums[i])
+    for i in range(buffers):
+        call(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(buffers):
+            call(i)
+    sampler = PowerSampler(torch.cuda.current_device())
+    reading = sustain(graph, buffers, seconds, sampler, power_limit_w=sampler.power_limit_w())
+    return moved / (reading.ms_per_call * 1e-3) / 1e12, reading
+
+
+def idle_reading(seconds: float = 2.0, settle_s: float = 1.0) -> PowerReading:
+    """The card at rest (nothing submitted) for `seconds`, after `settle_s` without work: its static draw at idle
+    clocks, which is below its static draw at a loaded clock (a lower bound of the power that buys no work)."""
+    import torch
+
+    if not seconds > 0 or settle_s < 0:
+        raise ValueError(f"seconds: expected > 0 with settle_s >= 0, got {seconds!r}, {settle_s!r}")
+    torch.cuda.synchronize()
+    time.sleep(settle_s)
+    sampler = PowerSampler(torch.cuda.current_device())
+    sampler.start()
+    t0 = time.time()
+    time.sleep(seconds)
+    t1 = time.time()
+    samples = sampler.stop()
+    return summarize(samples, t0, t1, 0.0, sampler.power_limit_w())
+
+
+def stream_joules_per_byte(streamed: PowerReading, dense: PowerReading, extra_bytes: float, idle_w: float) -> float:
+    """Joules per byte of a weight stream fed by TMA: the energy above idle of a GEMM that streams `extra_bytes`
+    more from DRAM (cuBLAS batched over the experts) less that of the same FLOPs without them (one dense matmul),
+    over those bytes. Fitted this way because a DRAM read driven by SM loads (stream_reading) also pays for the
+    SMs' work on every byte: at 4.2 TB/s such a read draws most of the power limit by itself."""
+    if not extra_bytes > 0:
+        raise ValueError(f"extra_bytes: expected > 0, got {extra_bytes!r}")
+    spent = [(r.power_w - idle_w) * r.ms_per_call * 1e-3 for r in (streamed, dense)]
+    return (spent[0] - spent[1]) / extra_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class EnergyModel:
+    """A first-order model of a power-capped card: time >= the energy of the FLOPs and DRAM bytes over the power
+    the limit leaves above the card's idle draw, besides the two rate ceilings. Fitted from sustained readings:
+    the card at rest, a bf16 matmul (joules per FLOP above idle, at the limit) and a weight stream's joules per
+    byte (stream_joules_per_byte: cuBLAS batched over the experts against one dense matmul, prefill_gemm_bench
+    --sustain). Idle draw under-counts the static draw at a loaded clock, so the energy term is optimistic."""
+
+    idle_w: float
+    power_limit_w: float
+    joules_per_flop: float
+    joules_per_byte: float
+    flops_per_s: float  # the matmul's sustained rate
+    bytes_per_s: float  # DRAM bandwidth (the floor's copy bandwidth)
+
+    def __post_init__(self):
+        if not self.power_limit_w > self.idle_w >= 0:
+            raise ValueError(f"power_limit_w: expected above idle_w ({self.idle_w}), got {self.power_limit_w}")
+        for name in ("joules_per_flop", "joules_per_byte", "flops_per_s", "bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: expected > 0, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_readings(cls, idle: PowerReading, matmul_tflops: float, matmul: PowerReading, joules_per_byte: float,
+                      bytes_per_s: float) -> "EnergyModel":
+        limit = matmul.power_limit_w or idle.power_limit_w
+        if limit is None:
+            raise ValueError("readings: neither knows the power limit")
+        return cls(idle.power_w, limit, (matmul.power_w - idle.power_w) / (matmul_tflops * 1e12), joules_per_byte,
+                   matmul_tflops * 1e12, bytes_per_s)
+
+    def energy_s(self, flops: float, dram_bytes: float) -> float:
+        """Seconds the power limit allows for this much work, above the idle draw."""
+        return (flops * self.joules_per_flop + dram_bytes * self.joules_per_byte) / (self.power_limit_w - self.idle_w)
+
+    def bound_s(self, flops: float, dram_bytes: float) -> float:
+        if flops < 0 or dram_bytes < 0:
+            raise ValueError(f"flops, dram_bytes: expected >= 0, got {flops!r}, {dram_bytes!r}")
+        return max(flops / self.flops_per_s, dram_bytes / self.bytes_per_s, self.energy_s(flops, dram_bytes))
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def prefill_bounds(model: EnergyModel, tokens: tuple[int, ...] = (2048, 8192, 32768)) -> list[dict]:
+    """For every preset and T: the floor of serving_bench/floors.py (the peers file's 4.24 TB/s and 792 TFLOP/s)
+    beside the model's bound for the same FLOPs and bytes (the ideal, fused layer), as a ratio to that floor."""
+    from moe2cta.presets import PRESETS
+    from moe2cta.serving_bench.floors import DEFAULT_BANDWIDTH, DEFAULT_MATMUL_FLOPS, CeilingSource, Ceilings, moe_floor
+
+    ceilings = Ceilings(DEFAULT_BANDWIDTH, DEFAULT_MATMUL_FLOPS, CeilingSource.DEFAULT)
+    rows = []
+    for preset in PRESETS.values():
+        for t in tokens:
+            hit = preset.num_experts * (1.0 - (1.0 - preset.top_k / preset.num_experts) ** t)
+            floor = moe_floor(preset, t, hit, ceilings)
+            moved = floor.weight_bytes + floor.activation_bytes
+            bound = model.bound_s(floor.flops, moved)
+            rows.append({"model": preset.name, "tokens": t, "floor_us": floor.us, "bound_us": bound * 1e6,
+                         "bound_over_floor": bound / floor.seconds, "energy_us": model.energy_s(floor.flops, moved) * 1e6})
+    return rows
+
+
+class Probe(enum.Enum):
+    IDLE = "idle"
+    READ = "read"
+    COPY = "copy"
+    MATMUL = "matmul"
+
+
+def _describe(reading: PowerReading) -> str:
+    return (f"{reading.power_w:.0f} W (limit {reading.power_limit_w}), {reading.sm_mhz:.0f} MHz, "
+            f"{reading.temperature_c:.0f} C, {'|'.join(reading.reasons) or 'no clock event'}")
+
+
 def main(argv=None) -> int:
     import argparse
     import json
 
     parser = argparse.ArgumentParser(prog="python -m moe2cta.serving_bench.power", description=__doc__.splitlines()[0])
+    parser.add_argument("--probes", nargs="+", default=["matmul"], choices=[p.value for p in Probe],
+                        help="what to replay and read (default matmul); idle + matmul with --stream-pj-per-byte "
+                             "also fit the energy model and print each preset's prefill bound against the floor")
+    parser.add_argument("--stream-pj-per-byte", type=float, default=None, metavar="PJ",
+                        help="a weight stream's energy per byte above idle (prefill_gemm_bench --sustain prints it "
+                             "per GEMM: dense-bmm against dense-cublas)")
     parser.add_argument("--matmul", type=int, default=8192, metavar="SIZE", help="a SIZE^3 bf16 matmul (default 8192)")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    tflops, reading = matmul_reading(args.matmul, args.seconds)
-    print(f"{args.matmul}^3 bf16 matmul sustained {args.seconds:.1f} s: {tflops:.0f} TFLOP/s, "
-          f"{reading.power_w:.0f} W (limit {reading.power_limit_w}), {reading.sm_mhz:.0f} MHz, "
-          f"{reading.temperature_c:.0f} C, {'|'.join(reading.reasons) or 'no clock event'}")
+    probes = [Probe(p) for p in dict.fromkeys(args.probes)]
+    if args.stream_pj_per_byte is not None and not {Probe.IDLE, Probe.MATMUL} <= set(probes):
+        parser.error("--stream-pj-per-byte: needs the idle and matmul probes")
+    out: dict = {}
+    readings: dict[Probe, tuple[float, PowerReading]] = {}  # probe: (rate, reading)
+    for probe in probes:
+        if probe is Probe.IDLE:
+            reading = idle_reading(args.seconds)
+            readings[probe] = (0.0, reading)
+            out["idle"] = {"reading": reading.to_json()}
+            print(f"idle {args.seconds:.1f} s: {_describe(reading)}")
+        elif probe is Probe.MATMUL:
+            tflops, reading = matmul_reading(args.matmul, args.seconds)
+            readings[probe] = (tflops, reading)
+            out["matmul"] = {"size": args.matmul, "tflops": tflops, "reading": reading.to_json()}
+            print(f"{args.matmul}^3 bf16 matmul sustained {args.seconds:.1f} s: {tflops:.0f} TFLOP/s, {_describe(reading)}")
+        else:
+            tbps, reading = stream_reading(StreamKind(probe.value), seconds=args.seconds)
+            readings[probe] = (tbps, reading)
+            out[probe.value] = {"tbps": tbps, "reading": reading.to_json()}
+            print(f"{probe.value} stream sustained {args.seconds:.1f} s: {tbps:.2f} TB/s, {_describe(reading)}")
+    if args.stream_pj_per_byte is not None:
+        from moe2cta.serving_bench.floors import DEFAULT_BANDWIDTH
+
+        model = EnergyModel.from_readings(readings[Probe.IDLE][1], *readings[Probe.MATMUL],
+                                          args.stream_pj_per_byte * 1e-12, DEFAULT_BANDWIDTH)
+        out["model"] = model.to_json()
+        out["prefill_bounds"] = prefill_bounds(model)
+        print(f"energy model: idle {model.idle_w:.0f} W, {model.joules_per_flop * 1e12:.3f} pJ/FLOP, "
+              f"{model.joules_per_byte * 1e12:.1f} pJ/byte streamed, limit {model.power_limit_w:.0f} W")
+        for row in out["prefill_bounds"]:
+            print(f"{row['model']:16s} T={row['tokens']:6d} floor {row['floor_us']:9.1f} us  bound "
+                  f"{row['bound_us']:9.1f} us  {row['bound_over_floor']:.3f}x floor")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"size": args.matmul, "tflops": tflops, "reading": reading.to_json()}, f, indent=1)
+            json.dump(out, f, indent=1)
     return 0
 
 

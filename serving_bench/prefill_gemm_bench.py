@@ -3,8 +3,9 @@
 For each model and token count: GEMM1 (fused gated activation) and GEMM2 (row scale) of the CuTe kernels
 from one or more kernel bundles (labelled, e.g. a baseline bundle and a changed one; `--variants` picks
 configurations), the Triton default configuration (and its tiles scheduled STATIC where the default is
-DYNAMIC), and one dense cuBLAS matmul with the same total shape ([valid rows, K] x [K, N]: the practical
-ceiling a grouped GEMM cannot beat). Routing (`--routing`): `random`, every token picks top_k distinct
+DYNAMIC), a cuBLAS batched matmul over the experts at the same mean rows per expert without padding
+(dense-bmm: the weight stream of a grouped GEMM, none of its spread), and one dense cuBLAS matmul with the
+same total shape ([valid rows, K] x [K, N]: the practical ceiling a grouped GEMM cannot beat). Routing (`--routing`): `random`, every token picks top_k distinct
 experts uniformly; `model`, the model's own router on i.i.d. N(0,1) logits (the layer benchmark's `uniform`
 cells: group-limited routers such as DeepSeek-V3's load some experts twice the mean).
 Timing (METHOD.md): one CUDA graph per candidate holding 4 calls over 4 rotated input copies; the graphs
@@ -37,7 +38,7 @@ from moe2cta.presets import get_preset
 from moe2cta.router import Scoring
 from moe2cta.router.reference import route_reference
 from moe2cta.serving_bench.distributions import make_correction_bias
-from moe2cta.serving_bench.power import PowerSampler, sustain
+from moe2cta.serving_bench.power import PowerSampler, idle_reading, stream_joules_per_byte, sustain
 from moe2cta.serving_bench.hopper_gemm_bench import (
     ALIGN,
     Watchdog,
@@ -351,6 +352,16 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
         ("dense-cublas", "gemm1", lambda c: torch.mm(a1[c][:rows], dense_w1, out=d1)),
         ("dense-cublas", "gemm2", lambda c: torch.mm(a2[c][:rows], dense_w2, out=d2)),
     ]
+    if rows % e == 0:
+        # cuBLAS batched over the experts with the same rows per expert and no padding (rows / E each): every
+        # expert's weights streamed once beside its MMAs, as in a grouped GEMM, without the routing's spread
+        m = rows // e
+        b1, b2_ = torch.empty(e, m, 2 * i, device=dev, dtype=torch.bfloat16), torch.empty(e, m, h, device=dev,
+                                                                                          dtype=torch.bfloat16)
+        candidates += [
+            ("dense-bmm", "gemm1", lambda c: torch.bmm(a1[c][:rows].view(e, m, h), w13.transpose(1, 2), out=b1)),
+            ("dense-bmm", "gemm2", lambda c: torch.bmm(a2[c][:rows].view(e, m, i), w2.transpose(1, 2), out=b2_)),
+        ]
     # check every candidate first, then capture one graph per candidate and replay them in interleaved
     # rounds (candidate A, B, C, A, B, C, ...): clocks drift with temperature and power over a run, and
     # interleaving gives every candidate the same conditions (median per candidate)
@@ -372,9 +383,11 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
     dog.arm(f"{preset.name} T={tokens} timing", 20 * dog.seconds)
     times = time_interleaved([fn for _, _, fn in candidates], COPIES, ROUNDS)
     readings = {}
+    idle = None
     if sustain_s > 0:  # power and clock of each named candidate replayed back to back (after the timed rounds)
         sampler = PowerSampler(torch.cuda.current_device())
         limit = sampler.power_limit_w()
+        idle = idle_reading(1.0)  # the card at rest first: energies above idle for the weight stream's pJ/byte
         for label, gemm, fn in candidates:
             if label.startswith(sustain_only):
                 dog.arm(f"{preset.name} T={tokens} {label} {gemm} sustained", 4 * dog.seconds + sustain_s)
@@ -400,6 +413,14 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
                   f"{reading.power_w:6.1f} W (limit {reading.power_limit_w}) {reading.sm_mhz:6.0f} MHz "
                   f"{reading.temperature_c:4.0f} C {r['sustained']['pj_per_flop']:.3f} pJ/FLOP "
                   f"{'|'.join(reading.reasons) or 'no clock event'}", flush=True)
+            dense = readings.get(("dense-cublas", gemm))
+            if label == "dense-bmm" and dense is not None:
+                # the bmm streams every expert's weights, the dense matmul one expert's: the same FLOPs
+                extra = (e - 1) * n * kk * 2
+                r["stream_pj_per_byte"] = stream_joules_per_byte(reading, dense, extra, idle.power_w) * 1e12
+                r["idle_w"] = idle.power_w
+                print(f"{'':16s} {'':8s} {gemm} weight stream {r['stream_pj_per_byte']:.1f} pJ/byte above idle "
+                      f"({idle.power_w:.0f} W): dense-bmm against dense-cublas, {extra / 1e9:.1f} GB more", flush=True)
     return results
 
 

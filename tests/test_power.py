@@ -5,9 +5,15 @@ import torch
 
 from moe2cta.serving_bench.power import (
     ClockEventReason,
+    EnergyModel,
+    PowerReading,
     PowerSample,
     PowerSampler,
+    StreamKind,
     parse_smi_line,
+    prefill_bounds,
+    stream_joules_per_byte,
+    stream_reading,
     summarize,
     sustain,
 )
@@ -92,3 +98,61 @@ def test_a_failed_read_in_the_sampling_thread_is_raised_by_stop(monkeypatch):
     sampler.start()
     with pytest.raises(RuntimeError, match="PowerSampler: reading the .* failed: nvmlDeviceGetPowerUsage"):
         sampler.stop()
+
+
+def _reading(power_w, ms_per_call=1.0, limit=700.0):
+    return PowerReading(ms_per_call, power_w, 1500.0, 60.0, limit, ("SW_POWER_CAP",), 50)
+
+
+def test_energy_model_is_fitted_above_the_idle_draw_and_bounds_by_the_largest_term():
+    model = EnergyModel.from_readings(_reading(100.0), 600.0, _reading(700.0), 100e-12, 4e12)
+    assert model.joules_per_flop == pytest.approx(600.0 / 600e12)  # 1 pJ per FLOP above idle
+    # compute alone: the energy term equals the matmul's own rate (it was fitted at the limit)
+    assert model.bound_s(600e12, 0) == pytest.approx(1.0)
+    # memory alone: the bandwidth (4 TB/s) binds, not its energy (400 J over the 600 W above idle)
+    assert model.bound_s(0, 4e12) == pytest.approx(1.0)
+    assert model.energy_s(0, 4e12) == pytest.approx(400.0 / 600.0)
+    # both at once: the joules add, (300 + 200) J over 600 W
+    assert model.bound_s(300e12, 2e12) == pytest.approx((300.0 + 200.0) / 600.0)
+    with pytest.raises(ValueError, match="power_limit_w"):
+        EnergyModel(700.0, 700.0, 1e-12, 1e-10, 1e12, 1e12)
+    with pytest.raises(ValueError, match="joules_per_byte"):
+        EnergyModel.from_readings(_reading(100.0), 600.0, _reading(700.0), 0.0, 4e12)
+    with pytest.raises(ValueError, match="flops, dram_bytes"):
+        model.bound_s(-1, 0)
+
+
+def test_stream_joules_per_byte_is_the_energy_above_idle_the_extra_bytes_cost():
+    streamed = _reading(700.0, ms_per_call=6.0)  # (700 - 100) W x 6 ms = 3.6 J
+    dense = _reading(700.0, ms_per_call=5.0)  # 3.0 J for the same FLOPs
+    assert stream_joules_per_byte(streamed, dense, 30e9, idle_w=100.0) == pytest.approx(0.6 / 30e9)
+    with pytest.raises(ValueError, match="extra_bytes"):
+        stream_joules_per_byte(streamed, dense, 0, idle_w=100.0)
+
+
+def test_prefill_bounds_cover_every_preset_and_never_fall_below_the_floor_with_slower_ceilings():
+    model = EnergyModel(100.0, 700.0, 600.0 / 671e12, 350.0 / 4.0e12, 671e12, 4.0e12)
+    rows = prefill_bounds(model)
+    assert len(rows) == 5 * 3
+    assert {r["tokens"] for r in rows} == {2048, 8192, 32768}
+    for r in rows:  # rates below the floor's 4.24 TB/s and 792 TFLOP/s: the bound is above the floor
+        assert r["bound_over_floor"] >= 792 / 671 - 1e-9 or r["bound_over_floor"] >= 4.24 / 4.0 - 1e-9
+        assert r["bound_us"] >= r["energy_us"] - 1e-6
+
+
+def test_stream_reading_checks_its_arguments():
+    with pytest.raises(TypeError, match="kind"):
+        stream_reading("read")
+    with pytest.raises(ValueError, match="buffer_bytes"):
+        stream_reading(StreamKind.READ, buffer_bytes=1024)
+    with pytest.raises(ValueError, match="buffers"):
+        stream_reading(StreamKind.COPY, buffers=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", list(StreamKind))
+def test_gpu_stream_reading_streams_dram_at_a_plausible_rate(kind):
+    tbps, reading = stream_reading(kind, buffer_bytes=1 << 28, buffers=4, seconds=1.5)
+    assert 1.0 < tbps < 5.0  # H200 HBM3e: 4.8 TB/s peak
+    assert reading.samples >= 5 and reading.power_w > 50
