@@ -117,6 +117,8 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "wide128_n256": wide256n,
         "wide128_n256_along_m": wide256n and rep(wide256n, raster=s90.Raster.ALONG_M),
         "tile_n128": tile_n128,
+        # 64-row units (one consumer warpgroup): padding at 64-row granularity, one more weight pass per 64 rows
+        "tile_m64": rep(regular_cfg, tile_m=64, padding_rows=s90.PaddingRows.MULTIPLY),
         "tile_n256_tail": tail256,
         # the regular choice with the other PaddingRows choice (the regular kernel's only)
         "padding_flip": rep(regular_cfg, padding_rows=s90.PaddingRows.MULTIPLY
