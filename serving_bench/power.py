@@ -11,6 +11,9 @@ and only a lower energy per useful operation (fewer padding MMAs, fewer bytes mo
 running average and the clock needs a moment to settle), and reports the medians of the samples taken after it,
 with the throttle reasons seen in them and the time per call measured over the same window.
 
+The CLI (`--probes idle read copy matmul`) reads the card at rest, SM-fed DRAM streams and the floor's matmul; with
+`--stream-pj-per-byte` it also fits an EnergyModel and prints each preset's prefill bound against the floor.
+
 Reads only: nothing here sets clocks or limits. Needs a CUDA GPU and the driver's NVML library (or nvidia-smi).
 """
 from __future__ import annotations
@@ -26,8 +29,7 @@ import time
 
 __all__ = ["ClockEventReason", "EnergyModel", "PowerReading", "PowerSample", "PowerSampler", "Probe", "StreamKind",
            "idle_reading", "main", "matmul_reading", "parse_smi_line", "prefill_bounds", "stream_joules_per_byte",
-           "stream_reading", "summarize",
-           "sustain"]
+           "stream_reading", "summarize", "sustain"]
 
 
 class ClockEventReason(enum.IntFlag):
@@ -422,7 +424,8 @@ def prefill_bounds(model: EnergyModel, tokens: tuple[int, ...] = (2048, 8192, 32
             moved = floor.weight_bytes + floor.activation_bytes
             bound = model.bound_s(floor.flops, moved)
             rows.append({"model": preset.name, "tokens": t, "floor_us": floor.us, "bound_us": bound * 1e6,
-                         "bound_over_floor": bound / floor.seconds, "energy_us": model.energy_s(floor.flops, moved) * 1e6})
+                         "bound_over_floor": bound / floor.seconds,
+                         "energy_us": model.energy_s(floor.flops, moved) * 1e6})
     return rows
 
 
@@ -468,7 +471,8 @@ def main(argv=None) -> int:
             tflops, reading = matmul_reading(args.matmul, args.seconds)
             readings[probe] = (tflops, reading)
             out["matmul"] = {"size": args.matmul, "tflops": tflops, "reading": reading.to_json()}
-            print(f"{args.matmul}^3 bf16 matmul sustained {args.seconds:.1f} s: {tflops:.0f} TFLOP/s, {_describe(reading)}")
+            print(f"{args.matmul}^3 bf16 matmul sustained {args.seconds:.1f} s: {tflops:.0f} TFLOP/s, "
+                  f"{_describe(reading)}")
         else:
             tbps, reading = stream_reading(StreamKind(probe.value), seconds=args.seconds)
             readings[probe] = (tbps, reading)

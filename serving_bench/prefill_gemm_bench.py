@@ -5,9 +5,10 @@ from one or more kernel bundles (labelled, e.g. a baseline bundle and a changed 
 configurations), the Triton default configuration (and its tiles scheduled STATIC where the default is
 DYNAMIC), a cuBLAS batched matmul over the experts at the same mean rows per expert without padding
 (dense-bmm: the weight stream of a grouped GEMM, none of its spread), and one dense cuBLAS matmul with the
-same total shape ([valid rows, K] x [K, N]: the practical ceiling a grouped GEMM cannot beat). Routing (`--routing`): `random`, every token picks top_k distinct
-experts uniformly; `model`, the model's own router on i.i.d. N(0,1) logits (the layer benchmark's `uniform`
-cells: group-limited routers such as DeepSeek-V3's load some experts twice the mean).
+same total shape ([valid rows, K] x [K, N]: the practical ceiling a grouped GEMM cannot beat). Routing
+(`--routing`): `random`, every token picks top_k distinct experts uniformly; `model`, the model's own router
+on i.i.d. N(0,1) logits (the layer benchmark's `uniform` cells: group-limited routers such as DeepSeek-V3's
+load some experts twice the mean).
 Timing (METHOD.md): one CUDA graph per candidate holding 4 calls over 4 rotated input copies; the graphs
 are replayed in 15 interleaved rounds (clocks drift with temperature and power during a run; interleaving
 gives every candidate the same conditions) and each reports its median. Every grouped result is compared
@@ -358,11 +359,11 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
         # cuBLAS batched over the experts with the same rows per expert and no padding (rows / E each): every
         # expert's weights streamed once beside its MMAs, as in a grouped GEMM, without the routing's spread
         m = rows // e
-        b1, b2_ = torch.empty(e, m, 2 * i, device=dev, dtype=torch.bfloat16), torch.empty(e, m, h, device=dev,
-                                                                                          dtype=torch.bfloat16)
+        bmm_out1 = torch.empty(e, m, 2 * i, device=dev, dtype=torch.bfloat16)
+        bmm_out2 = torch.empty(e, m, h, device=dev, dtype=torch.bfloat16)
         candidates += [
-            ("dense-bmm", "gemm1", lambda c: torch.bmm(a1[c][:rows].view(e, m, h), w13.transpose(1, 2), out=b1)),
-            ("dense-bmm", "gemm2", lambda c: torch.bmm(a2[c][:rows].view(e, m, i), w2.transpose(1, 2), out=b2_)),
+            ("dense-bmm", "gemm1", lambda c: torch.bmm(a1[c][:rows].view(e, m, h), w13.transpose(1, 2), out=bmm_out1)),
+            ("dense-bmm", "gemm2", lambda c: torch.bmm(a2[c][:rows].view(e, m, i), w2.transpose(1, 2), out=bmm_out2)),
         ]
     # check every candidate first, then capture one graph per candidate and replay them in interleaved
     # rounds (candidate A, B, C, A, B, C, ...): clocks drift with temperature and power over a run, and
