@@ -280,16 +280,18 @@ def matmul_reading(size: int = 8192, seconds: float = 3.0, copies: int = 4) -> t
     a = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
-    for x in a:
-        torch.mm(x, b, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for x in a:
-            torch.mm(x, b, out=out)
-    sampler = PowerSampler(torch.cuda.current_device())
-    reading = sustain(graph, copies, seconds, sampler, power_limit_w=sampler.power_limit_w())
+    reading = _sustain_calls(lambda c: torch.mm(a[c], b, out=out), copies, seconds)
     return 2.0 * size**3 / (reading.ms_per_call * 1e-3) / 1e12, reading
+
+
+def _sustain_calls(call, calls: int, seconds: float) -> PowerReading:
+    """sustain() over one CUDA graph of call(0), ..., call(calls - 1) (the benches' capture_graph)."""
+    import torch
+
+    from moe2cta.serving_bench.hopper_gemm_bench import capture_graph
+
+    sampler = PowerSampler(torch.cuda.current_device())
+    return sustain(capture_graph(call, calls), calls, seconds, sampler, power_limit_w=sampler.power_limit_w())
 
 
 class StreamKind(enum.Enum):
@@ -324,15 +326,7 @@ def stream_reading(kind: StreamKind, buffer_bytes: int = 1 << 30, buffers: int =
 
         def call(i):
             torch.sum(src[i], dim=0, dtype=torch.float32, out=sums[i])
-    for i in range(buffers):
-        call(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(buffers):
-            call(i)
-    sampler = PowerSampler(torch.cuda.current_device())
-    reading = sustain(graph, buffers, seconds, sampler, power_limit_w=sampler.power_limit_w())
+    reading = _sustain_calls(call, buffers, seconds)
     return moved / (reading.ms_per_call * 1e-3) / 1e12, reading
 
 
@@ -412,6 +406,7 @@ class EnergyModel:
 def prefill_bounds(model: EnergyModel, tokens: tuple[int, ...] = (2048, 8192, 32768)) -> list[dict]:
     """For every preset and T: the floor of serving_bench/floors.py (the peers file's 4.24 TB/s and 792 TFLOP/s)
     beside the model's bound for the same FLOPs and bytes (the ideal, fused layer), as a ratio to that floor."""
+    from moe2cta.planner import expected_experts_hit
     from moe2cta.presets import PRESETS
     from moe2cta.serving_bench.floors import DEFAULT_BANDWIDTH, DEFAULT_MATMUL_FLOPS, CeilingSource, Ceilings, moe_floor
 
@@ -419,7 +414,7 @@ def prefill_bounds(model: EnergyModel, tokens: tuple[int, ...] = (2048, 8192, 32
     rows = []
     for preset in PRESETS.values():
         for t in tokens:
-            hit = preset.num_experts * (1.0 - (1.0 - preset.top_k / preset.num_experts) ** t)
+            hit = expected_experts_hit(t, preset.top_k, preset.num_experts)
             floor = moe_floor(preset, t, hit, ceilings)
             moved = floor.weight_bytes + floor.activation_bytes
             bound = model.bound_s(floor.flops, moved)
@@ -459,6 +454,10 @@ def main(argv=None) -> int:
     probes = [Probe(p) for p in dict.fromkeys(args.probes)]
     if args.stream_pj_per_byte is not None and not {Probe.IDLE, Probe.MATMUL} <= set(probes):
         parser.error("--stream-pj-per-byte: needs the idle and matmul probes")
+    if args.stream_pj_per_byte is not None and not args.stream_pj_per_byte > 0:
+        parser.error(f"--stream-pj-per-byte: expected > 0, got {args.stream_pj_per_byte}")
+    if set(probes) - {Probe.IDLE} and not args.seconds > 1.0:  # sustain() settles for the first second
+        parser.error(f"--seconds: expected more than 1 (the first second settles), got {args.seconds}")
     out: dict = {}
     readings: dict[Probe, tuple[float, PowerReading]] = {}  # probe: (rate, reading)
     for probe in probes:

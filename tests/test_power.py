@@ -10,6 +10,7 @@ from moe2cta.serving_bench.power import (
     PowerSample,
     PowerSampler,
     StreamKind,
+    main,
     parse_smi_line,
     prefill_bounds,
     stream_joules_per_byte,
@@ -156,3 +157,12 @@ def test_gpu_stream_reading_streams_dram_at_a_plausible_rate(kind):
     tbps, reading = stream_reading(kind, buffer_bytes=1 << 28, buffers=4, seconds=1.5)
     assert 1.0 < tbps < 5.0  # H200 HBM3e: 4.8 TB/s peak
     assert reading.samples >= 5 and reading.power_w > 50
+
+
+def test_power_cli_names_a_wrong_argument():
+    with pytest.raises(SystemExit):
+        main(["--probes", "matmul", "--stream-pj-per-byte", "22"])  # the model needs the idle probe too
+    with pytest.raises(SystemExit):
+        main(["--probes", "idle", "matmul", "--stream-pj-per-byte", "-1"])
+    with pytest.raises(SystemExit):
+        main(["--seconds", "0.5"])
