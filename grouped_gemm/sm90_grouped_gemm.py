@@ -1,10 +1,11 @@
 """Hopper (sm_90a) grouped GEMM family: configuration, validity, resource model and host API.
 
-Two kernels, each described (warp roles, pipelines, limits) in its own file, which imports the CuTe DSL and
+Three kernels, each described (warp roles, pipelines, limits) in its own file, which imports the CuTe DSL and
 is imported lazily from here: cute_backend.py (token rows as the wgmma M side: 64/128-row tiles, pair
-units with weight multicast) and cute_swapped_backend.py (Operands.WEIGHTS_AS_M: weight rows as the M side;
-8-64 token rows per unit for decode, or "wide" token tiles of 128/256 rows whose wgmma N is the unit's valid
-rows rounded up to `token_step`). This module needs neither a GPU nor the DSL to import.
+units with weight multicast), cute_fused_tail_backend.py (PaddingRows.FUSE_TAIL: the same with an expert's tail
+of <= 64 rows multiplied on the m-block before it) and cute_swapped_backend.py (Operands.WEIGHTS_AS_M: weight rows
+as the M side; 8-64 token rows per unit for decode, or "wide" token tiles of 128/256 rows whose wgmma N is the
+unit's valid rows rounded up to `token_step`). This module needs neither a GPU nor the DSL to import.
 
 Host API (semantics of grouped_gemm/reference.py):
   prepack_w13(w13) -> packed            once at weight load: gate/up rows interleaved in chunks of 8
@@ -39,6 +40,7 @@ __all__ = [
     "Sm90Problem",
     "can_implement",
     "smem_bytes",
+    "unit_rows",
     "resolve_stages",
     "default_config",
     "regular_config",
@@ -108,6 +110,12 @@ class PaddingRows(enum.Enum):
     # waits on each stage and releases it without MMAs: the other warpgroup has the tensor cores to itself,
     # so such a tile takes about half the MMA time
     SKIP = "skip"
+    # SKIP, and an expert's last m-block of at most 64 valid rows is multiplied with the m-block before it: one
+    # 192-row unit on one pass of the weight tile, where SKIP streams that weight tile once more for the tail (each
+    # of the two warpgroups also takes the tail's rows x half the weight tile; the tail's own unit is empty).
+    # cute_fused_tail_backend.py: tile_k 32 or 64, gathered A, AFTER_MAINLOOP stores. Measured 1.02-1.13x the regular
+    # kernel with the same stores at 128-512 rows per expert (results/fuse-tail-h200-2026-12-01/): not a default
+    FUSE_TAIL = "fuse_tail"
 
 
 class EpilogueStore(enum.Enum):
@@ -268,9 +276,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
 
 
+def unit_rows(config: Sm90GemmConfig) -> int:
+    """A rows one unit's MMA covers: tile_m, or tile_m + 64 with PaddingRows.FUSE_TAIL (an m-block and a tail)."""
+    return config.tile_m + 64 if config.padding_rows is PaddingRows.FUSE_TAIL else config.tile_m
+
+
 def smem_bytes(config: Sm90GemmConfig, stages: int) -> int:
     """SMEM one CTA uses: `stages` A+B stages, the epilogue staging buffers, barriers."""
-    per_stage = input_bytes_per_stage(config.tile_m, config.tile_n, config.tile_k, 2, WorkUnit.SINGLE, Arch.SM90)
+    per_stage = input_bytes_per_stage(unit_rows(config), config.tile_n, config.tile_k, 2, WorkUnit.SINGLE, Arch.SM90)
     return stages * per_stage + _reserved_bytes(config)
 
 
@@ -280,7 +293,7 @@ def _reserved_bytes(config: Sm90GemmConfig) -> int:
         # for GEMM2's tile_n output columns (GEMM1 stores half as many)
         epi = wide_epilogue_rows(config.tile_n) * (config.tile_n + WIDE_EPI_PAD) * 2 + 128 if config.wide else 0
         return BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES * 3 // 2 + 2 * 1024 + epi
-    epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES
+    epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES  # (FUSE_TAIL: 64 rows per warpgroup, two)
     # + alignment padding of the three 1 KiB-aligned buffers
     return epi + BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES + 3 * 1024
 
@@ -290,7 +303,7 @@ def resolve_stages(config: Sm90GemmConfig) -> int:
     if config.stages:
         return config.stages
     # each CTA keeps the whole B tile even in a pair (multicast), so SINGLE accounting holds for both
-    per_stage = input_bytes_per_stage(config.tile_m, config.tile_n, config.tile_k, 2, WorkUnit.SINGLE, Arch.SM90)
+    per_stage = input_bytes_per_stage(unit_rows(config), config.tile_n, config.tile_k, 2, WorkUnit.SINGLE, Arch.SM90)
     return min(8, max_stages(per_stage, _reserved_bytes(config), Arch.SM90))
 
 
@@ -372,6 +385,14 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
             swapped or config.consumers is not Consumers.COOPERATIVE or config.tile_m != 128):
         return False, ("padding_rows: SKIP needs COOPERATIVE consumers on 128-row TOKENS_AS_M tiles (two warpgroups "
                        "of 64 rows)")
+    if config.padding_rows is PaddingRows.FUSE_TAIL and (
+            swapped or config.consumers is not Consumers.COOPERATIVE or config.tile_m != 128
+            or config.work_unit is not WorkUnit.SINGLE or config.tile_k not in (32, 64) or config.tile_n % 32
+            or config.a_source is not ASource.EXPERT_ORDER_COPY
+            or config.epilogue_store is not EpilogueStore.AFTER_MAINLOOP):
+        return False, ("padding_rows: FUSE_TAIL needs SINGLE units of COOPERATIVE 128-row TOKENS_AS_M tiles with tile_k "
+                       "32 or 64, tile_n a multiple of 32 (each warpgroup takes half of a tail's columns), gathered A and "
+                       "AFTER_MAINLOOP stores (192 accumulator registers leave none for a held tile)")
     if config.pair_threshold < 0:
         return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
     if not isinstance(config.a_source, ASource):
@@ -685,6 +706,10 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         from .cute_swapped_backend import Sm90SwappedGroupedGemmKernel
 
         kernel = Sm90SwappedGroupedGemmKernel(**common, token_step=config.token_step)
+    elif config.padding_rows is PaddingRows.FUSE_TAIL:
+        from .cute_fused_tail_backend import Sm90FusedTailGroupedGemmKernel
+
+        kernel = Sm90FusedTailGroupedGemmKernel(**common, cluster_m=1, raster_group_m=config.raster_group_m)
     else:
         from .cute_backend import Sm90GroupedGemmKernel
 

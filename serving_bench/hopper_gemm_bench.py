@@ -54,6 +54,7 @@ def check_variants():
     bf = torch.bfloat16
     TOKEN_ROWS = s90.ASource.TOKEN_ROWS
     SKIP = s90.PaddingRows.SKIP
+    FUSE = s90.PaddingRows.FUSE_TAIL
     UNDER = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
     ACT = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP
     EG, DYN = s90.Raster.EXPERT_GROUPED_M, s90.Scheduler.DYNAMIC
@@ -202,6 +203,24 @@ def check_variants():
         ("g1_gelu_expert_grouped8_skip_n256_tail_dynamic_decode", Cfg(tile_n=256, scheduler=DYN, raster=EG,
                                                                      raster_group_m=8, padding_rows=SKIP,
                                                                      epilogue_store=UNDER), p1_gelu),
+        # PaddingRows.FUSE_TAIL (cute_fused_tail_backend.py): an expert's last m-block of <= 64 valid rows rides on
+        # the m-block before it (192-row units); STATIC and DYNAMIC, every raster, a partial n-block (tail columns
+        # past N), 48-column tail output tiles (tile_n 192, gated), fp16, and tiles that never fuse ("_decode")
+        ("g1_swiglu_fuse_tail", Cfg(tile_n=128, padding_rows=FUSE), p1),
+        ("g1_swiglu_fuse_tail_expert_grouped3_n256_dynamic_many", Cfg(scheduler=DYN, raster=EG, raster_group_m=3,
+                                                                     padding_rows=FUSE), p1_n512),
+        ("g1_oai_bias_fuse_tail_n192_dynamic_many", Cfg(tile_n=192, scheduler=DYN, padding_rows=FUSE), p1_oai),
+        ("g1_gelu_fuse_tail_fp16_grouped3_dynamic", Cfg(tile_n=128, scheduler=DYN, raster=s90.Raster.GROUPED_M,
+                                                       raster_group_m=3, padding_rows=FUSE),
+         Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, torch.float16, Activation.GELU_GATED)),
+        ("g2_rowscale_bias_fuse_tail_n256_tail_dynamic_many", Cfg(tile_n=256, scheduler=DYN, padding_rows=FUSE),
+         p2_n384),
+        ("g2_rowscale_fuse_tail_expert_grouped2_many", Cfg(tile_n=256, raster=EG, raster_group_m=2, padding_rows=FUSE),
+         p2),
+        ("g2_plain_fuse_tail_decode", Cfg(tile_n=128, padding_rows=FUSE), p2_plain),
+        ("g1_swiglu_fuse_tail_k32_expert_grouped3_n256_dynamic_many", Cfg(tile_k=32, scheduler=DYN, raster=EG,
+                                                                         raster_group_m=3, padding_rows=FUSE), p1_n512),
+        ("g2_rowscale_bias_fuse_tail_k32_n256_tail_many", Cfg(tile_n=256, tile_k=32, padding_rows=FUSE), p2_n384),
     ]
 
 

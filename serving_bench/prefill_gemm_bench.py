@@ -120,6 +120,15 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "tile_n128": tile_n128,
         # 64-row units (one consumer warpgroup): padding at 64-row granularity, one more weight pass per 64 rows
         "tile_m64": rep(regular_cfg, tile_m=64, padding_rows=s90.PaddingRows.MULTIPLY),
+        # an expert's tail of <= 64 rows multiplied with the m-block before it on one weight pass (192-row units);
+        # AFTER_MAINLOOP stores (compare with store_after)
+        "fuse_tail": _implementable(rep(regular_cfg, padding_rows=s90.PaddingRows.FUSE_TAIL, epilogue_store=after),
+                                    problem),
+        # the same on 32-deep K tiles (7 stages: 56 KB stages of 64-deep ones leave room for 3 only)
+        "fuse_tail_k32": _implementable(rep(regular_cfg, tile_k=32, padding_rows=s90.PaddingRows.FUSE_TAIL,
+                                            epilogue_store=after), problem),
+        # store_after with the 3 stages fuse_tail has (what the shallower pipeline alone costs)
+        "store_after_stages3": rep(regular_cfg, epilogue_store=after, stages=3),
         "tile_n256_tail": tail256,
         # the regular choice with the other PaddingRows choice (the regular kernel's only)
         "padding_flip": rep(regular_cfg, padding_rows=s90.PaddingRows.MULTIPLY
@@ -155,6 +164,11 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "pair_grouped4_dynamic_skip": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN,
                                           raster=GROUPED, raster_group_m=4, padding_rows=s90.PaddingRows.SKIP),
     }
+
+
+def _implementable(config, problem):
+    """config where the kernel family can run it on problem, else None (the variant is skipped)."""
+    return config if s90.can_implement(config, problem)[0] else None
 
 
 def problems_of(preset):

@@ -381,6 +381,63 @@ def test_padding_rows_limits_and_key():
     assert s90.kernel_key(skip, p1).file_stem() == s90.kernel_key(multiply, p1).file_stem() + "_paddingskip"
 
 
+def test_fuse_tail_limits_stages_and_key():
+    """PaddingRows.FUSE_TAIL: SINGLE COOPERATIVE 128-row tiles of tile_k 64 on the gathered copy, AFTER_MAINLOOP stores;
+    its stages hold 192 A rows (an m-block and a tail's 64), and it is a key part."""
+    p1 = s90.Sm90Problem(G1, 4096, 7168, 256, torch.bfloat16, Activation.SWIGLU)
+    fuse = s90.Sm90GemmConfig(scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.EXPERT_GROUPED_M,
+                              padding_rows=s90.PaddingRows.FUSE_TAIL)
+    assert s90.can_implement(fuse, p1) == (True, "")
+    assert s90.unit_rows(fuse) == 192 and s90.resolve_stages(fuse) == 3  # 56 KB a stage beside the epilogue
+    assert s90.smem_bytes(fuse, 3) <= s90.ARCH_LIMITS[s90.Arch.SM90].smem_per_cta
+    for bad in (dataclasses.replace(fuse, tile_m=64), dataclasses.replace(fuse, tile_k=128),
+                dataclasses.replace(fuse, work_unit=WorkUnit.PAIR, raster=s90.Raster.GROUPED_M),
+                dataclasses.replace(fuse, a_source=s90.ASource.TOKEN_ROWS),
+                dataclasses.replace(fuse, epilogue_store=s90.EpilogueStore.UNDER_NEXT_MAINLOOP),
+                dataclasses.replace(fuse, tile_n=128, consumers=s90.Consumers.PINGPONG)):
+        ok, why = s90.can_implement(bad, p1)
+        assert not ok and why.startswith("padding_rows: FUSE_TAIL needs"), (bad, why)
+    p2 = s90.Sm90Problem(G2, 7168, 2048, 256, torch.bfloat16, None, False, True)
+    ok, why = s90.can_implement(dataclasses.replace(fuse, tile_n=16), p2)  # 8 tail columns per warpgroup: too few
+    assert not ok and why.startswith("padding_rows: FUSE_TAIL needs"), why
+    skip = dataclasses.replace(fuse, padding_rows=s90.PaddingRows.SKIP)
+    assert s90.kernel_key(fuse, p1).file_stem().endswith("_stages3_scheddynamic_rasterexpert-grouped-m_group8"
+                                                        "_paddingfuse-tail")
+    assert s90.kernel_key(skip, p1).file_stem().endswith("_stages4_scheddynamic_rasterexpert-grouped-m_group8"
+                                                        "_paddingskip")
+
+
+FUSE_TAIL = [  # (name, config, problem): PaddingRows.FUSE_TAIL kernels (cute_fused_tail_backend.py)
+    ("fuse_swiglu_n256_expert_grouped_dynamic", s90.Sm90GemmConfig(
+        scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.EXPERT_GROUPED_M, padding_rows=s90.PaddingRows.FUSE_TAIL),
+     s90.Sm90Problem(G1, 4096, 7168, 256, torch.bfloat16, Activation.SWIGLU)),
+    ("fuse_oai_bias_n192_dynamic", s90.Sm90GemmConfig(
+        tile_n=192, scheduler=s90.Scheduler.DYNAMIC, padding_rows=s90.PaddingRows.FUSE_TAIL),
+     s90.Sm90Problem(G1, 5760, 2880, 128, torch.bfloat16, Activation.SWIGLU_OAI, has_bias=True)),
+    ("fuse_rowscale_n256_along_n", s90.Sm90GemmConfig(padding_rows=s90.PaddingRows.FUSE_TAIL),
+     s90.Sm90Problem(G2, 7168, 2048, 256, torch.bfloat16, None, False, True)),
+]
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("name,config,problem", FUSE_TAIL, ids=[s[0] for s in FUSE_TAIL])
+def test_compile_fuse_tail_and_check_ptx(name, config, problem, tmp_path):
+    """Each warpgroup's m64 x tile_n MMA and, for fused units, the tail's m64 x tile_n/2 one; A by 64-row TMA boxes
+    with per-unit transaction bytes. ptxas keeps the wgmma pipelined (no C7519 / C7520) and spills at most a
+    few bytes (GEMM2's row scale: 12)."""
+    ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
+    _check_ptx(ptx, False, config.scheduler is s90.Scheduler.DYNAMIC)
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    assert shapes == {f"m64n{config.tile_n}k16", f"m64n{config.tile_n // 2}k16"}, shapes
+    assert "mbarrier.arrive.expect_tx" in ptx
+    assert ".reqntid 384" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
+    if _ptxas() is not None:
+        report = _ptxas_report(ptx, tmp_path)
+        assert "C7520" not in report and "C7519" not in report, report
+        spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", report)]
+        assert spills and max(spills) <= 16, report
+
+
 def test_kernel_key_is_static_and_filesystem_safe():
     p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
     key = s90.kernel_key(s90.Sm90GemmConfig(pair_threshold=1), p1)
