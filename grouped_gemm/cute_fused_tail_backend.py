@@ -1,11 +1,16 @@
-"""Hopper (sm_90a) grouped GEMM whose expert tails ride on the m-block before them (PaddingRows.FUSE_TAIL), CuTe DSL.
+"""Hopper (sm_90a) grouped GEMM whose expert tails ride on other m-blocks' weight passes (FUSE_TAIL, SPLIT_TAIL), CuTe DSL.
 
 Same problem, metadata, scheduling and rasters as cute_backend.py (SINGLE units, cluster 1, gathered A in padded
 expert order, row_offsets multiples of 128). What differs is the unit of work of an expert whose last m-block holds
 at most 64 valid rows (its "tail"): cute_backend.py multiplies that m-block as a tile of its own, so the weight tile
 streams through L2 and SMEM once more for up to 64 rows (with PaddingRows.SKIP one warpgroup idles, but the weight
-pass remains). Here the m-block before the tail takes the tail's 64 rows into the same unit: 192 rows on one pass
-of the weight tile, and the tail's own unit is empty (nothing loaded, multiplied or stored).
+pass remains). Here other units of the expert take the tail's 64 rows, and the tail's own unit is empty (nothing
+loaded, multiplied or stored):
+- PaddingRows.FUSE_TAIL (tail_parts 1): the m-block before the tail takes all of its columns: 192 rows on one
+  pass of the weight tile, a unit 1.5x as long as the expert's others;
+- PaddingRows.SPLIT_TAIL (tail_parts 2): an expert of exactly three m-blocks (257-320 rows: 256 rows per expert
+  give about half the experts that) has the tail's columns split between its first two m-blocks, each then 1.25x
+  a plain unit, so that the CTAs sharing the expert's weight tiles keep pace with each other.
 
 Warp roles (one CTA, 128 threads per warpgroup):
 - warpgroup 0, warp 0: TMA producer. Per unit: the B tile (tile_n x tile_k) and, as 64-row boxes, only the A rows the
@@ -14,13 +19,14 @@ Warp roles (one CTA, 128 threads per warpgroup):
 - consumer warpgroups 1 and 2 (w = 0, 1), wgmma with fp32 accumulators:
   - every unit: rows [64 w, 64 w + 64) of the m-block x all tile_n columns (m64 n=tile_n), when box w holds valid
     rows (else the warpgroup only waits on and releases each stage, as PaddingRows.SKIP);
-  - a fused unit also: the tail's 64 rows x columns [w tile_n / 2, (w + 1) tile_n / 2) of the weight tile
-    (m64 n=tile_n/2), in the same wgmma group, so the two warpgroups split the tail evenly.
-  192 accumulator registers per thread (128 + 64) under setmaxnreg 232. Fused and plain units run separate K loops
+  - a fused unit also: the tail's 64 rows x one slice of the weight tile's columns (tile_n / (2 tail_parts) of them:
+    slice first_slice + w, see `unit_boxes`), in the same wgmma group, so the warpgroups split the tail evenly.
+  Up to 192 accumulator registers per thread (128 + 64, SPLIT_TAIL 128 + 32) under setmaxnreg 232. Fused and plain units run separate K loops
   (a warpgroup-uniform branch outside them: an MMA branch inside the K loop made ptxas serialize the wgmma, C7520).
   Epilogue after the mainloop (EpilogueStore.AFTER_MAINLOOP): each warpgroup stores its own 64-row tiles (its
-  m-block rows; in a fused unit also its half of the tail rows' columns) through its own named barrier and SMEM
-  buffers, stmatrix -> TMA store of 64 x 32 sub-tiles by the warpgroup's first warp. The gated epilogue writes its
+  m-block rows; in a fused unit also its slice of the tail rows' columns) through its own named barrier and SMEM
+  buffers, stmatrix -> TMA store of 64-row sub-tiles (32 or 16 columns: what divides both tiles) by the
+  warpgroup's first warp. The gated epilogue writes its
   outputs over the accumulator's first registers (no second register tile).
 Pipelines: mainloop PipelineTmaAsync (`stages` deep; 56 KB a stage at 128x256x64: 3 stages; 7 at tile_k 32), scheduler
 PipelineAsync (DYNAMIC), epilogue PipelineTmaStore per warpgroup: as in cute_backend.py.
@@ -30,10 +36,11 @@ width: a 64-row box of a K-major tile is then contiguous in its stage) and AFTER
 leave no registers for a held tile). Three consumer warpgroups of one 64 x 256 accumulator each do not compile: a
 512-thread CTA gets 128 registers per thread and one m64n256k16 wgmma needs 154.
 
-Measured on the H200 (results/fuse-tail-h200-2026-12-01/): 1.02-1.13x the time of the regular kernel with the same
-stores at 128-512 rows per expert. Its 3 stages cost 1.5-8%, and its units of unequal length let the CTAs that share
-a weight tile drift apart, so the tile is read from DRAM again (deepseek-v3 T=8192 GEMM1: 28.6 GB against 22.8).
-Selectable, not a default.
+Measured on the H200 (results/fuse-tail-h200-2026-12-01/). FUSE_TAIL takes 1.02-1.13x the time of the regular
+kernel with the same stores at 128-512 rows per expert. Its 3 stages cost 1.5-8%. Its units of unequal length let
+the CTAs that share a weight tile drift apart, so the tile is read from DRAM again (deepseek-v3 T=8192 GEMM1: 28.6 GB
+against 22.8). SPLIT_TAIL's equal units read 25.7 GB there and still take 1.11x. Both selectable, not defaults.
+Output slices narrower than 16 columns (8-column store sub-tiles) were wrong on the H200; can_implement refuses them.
 """
 from __future__ import annotations
 
@@ -48,19 +55,23 @@ from .cute_backend import PADDING_SKIP, SCHED_DYNAMIC, Sm90GroupedGemmKernel
 
 BOX_ROWS = 64  # rows of one TMA box of A (a warpgroup's rows)
 FUSED_BOXES = 3  # A boxes of a fused unit: the m-block's two and the tail's first
-B_HALVES = 2  # the weight tile as two boxes of tile_n / 2 rows: the tail's columns per warpgroup
 
 
 class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
     """One compiled instance = one static configuration (see the module docstring)."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, *, tail_parts: int, **kwargs):
         # the base kernel's settings (a warpgroup with no valid rows skips its MMAs here too; unit_boxes decides)
         super().__init__(**kwargs, padding_rows=PADDING_SKIP)
         if self.tile_m != 128 or self.tile_k not in (32, 64) or self.cluster_m != 1 or self.pingpong or self.token_rows:
             raise ValueError("fused tails: SINGLE COOPERATIVE 128-row tiles, tile_k 32 or 64, gathered A")
-        self.half_n = self.tile_n // B_HALVES
-        self.out_half_n = self.out_tile_n // B_HALVES
+        if tail_parts not in (1, 2):
+            raise ValueError(f"tail_parts: expected 1 (FUSE_TAIL) or 2 (SPLIT_TAIL), got {tail_parts}")
+        self.tail_parts = tail_parts
+        # the weight tile as 2 * tail_parts slices: the tail columns of one warpgroup of one fused unit
+        self.tail_slices = 2 * tail_parts
+        self.slice_n = self.tile_n // self.tail_slices
+        self.out_slice_n = self.out_tile_n // self.tail_slices
 
     # ------------------------------------------------------------------ host side (trace time)
     @cute.jit
@@ -78,22 +89,22 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
                                                      (1, 1, 1), tiler_mn=(BOX_ROWS, columns))
 
         main_mma = one_warpgroup_mma(self.tile_n)  # a warpgroup's 64 m-block rows x the whole weight tile
-        tail_mma = one_warpgroup_mma(self.half_n)  # the tail's 64 rows x half the weight tile
+        tail_mma = one_warpgroup_mma(self.slice_n)  # the tail's 64 rows x one slice of the weight tile
         out_mma = one_warpgroup_mma(self.out_tile_n)  # their output tiles (the epilogue's register layouts)
-        out_tail_mma = one_warpgroup_mma(self.out_half_n)
-        # sub-tiles that divide both output tiles (gpt-oss GEMM1: 96 and 48 columns)
-        self.epi_tile = (BOX_ROWS, 32 if self.out_half_n % 32 == 0 else 16)
+        out_tail_mma = one_warpgroup_mma(self.out_slice_n)
+        # sub-tiles that divide both output tiles (gpt-oss GEMM1: 96 and 48 columns); can_implement keeps them >= 16
+        self.epi_tile = (BOX_ROWS, 32 if self.out_slice_n % 32 == 0 else 16)
         a_layout = utils.LayoutEnum.from_tensor(a)
         self.c_layout = utils.LayoutEnum.from_tensor(c)
-        # A as 64-row boxes (stage s, box j = box-stage s * FUSED_BOXES + j) and B as its whole tile and as halves
-        # (stage s, half h = s * B_HALVES + h), over the same bytes: a K-major tile whose tile_k is its swizzle width
+        # A as 64-row boxes (stage s, box j = box-stage s * FUSED_BOXES + j) and B as its whole tile and as slices
+        # (stage s, slice h = s * tail_slices + h), over the same bytes: a K-major tile whose tile_k is its swizzle width
         # (tile_k 64: 128B, 32: 64B) is a stack of 8-row atoms, so row boxes tile it exactly
         a_box_staged = sm90_utils.make_smem_layout_a(a_layout, (BOX_ROWS, self.tile_n, self.tile_k), self.ab_dtype,
                                                      self.stages * FUSED_BOXES)
         b_smem_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (BOX_ROWS, self.tile_n, self.tile_k),
                                                       self.ab_dtype, self.stages)
-        b_half_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (BOX_ROWS, self.half_n, self.tile_k),
-                                                      self.ab_dtype, self.stages * B_HALVES)
+        b_slice_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (BOX_ROWS, self.slice_n, self.tile_k),
+                                                      self.ab_dtype, self.stages * self.tail_slices)
         epi_smem_staged = sm90_utils.make_smem_layout_epi(self.c_dtype, self.c_layout, self.epi_tile,
                                                           self.epi_stages * self.num_consumer_wg)
         b_nke = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 2, 0]))  # expert = batch mode
@@ -126,7 +137,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
         self.shared_storage = SharedStorage
         self.fused_kernel(
             tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_c, tma_c, row_offsets, counts, bias, row_scale, workspace,
-            a_box_staged, b_smem_staged, b_half_staged, epi_smem_staged, main_mma, tail_mma, out_mma, out_tail_mma,
+            a_box_staged, b_smem_staged, b_slice_staged, epi_smem_staged, main_mma, tail_mma, out_mma, out_tail_mma,
         ).launch(
             grid=(self.num_sms, 1, 1),
             block=(self.threads, 1, 1),
@@ -137,21 +148,33 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
 
     # ------------------------------------------------------------------ device helpers
     @cute.jit
-    def unit_boxes(self, m_block, expert, row_offsets, counts) -> cutlass.Int32:
-        """The 64-row boxes of A that unit (m_block, expert) multiplies from the m-block's first row: those holding
-        valid rows (at most 2); FUSED_BOXES for the m-block before a tail (an expert's last m-block with at most 64
-        valid rows, after at least one other); 0 for the tail's own m-block (its rows are multiplied there)."""
-        block = m_block - row_offsets[expert] // self.tile_m
+    def unit_boxes(self, m_block, expert, row_offsets, counts):
+        """(boxes, first slice, tail box) of unit (m_block, expert).
+
+        boxes: the 64-row boxes of A it multiplies. Those holding valid rows from the m-block's first row (at most
+        2); FUSED_BOXES for a unit that also takes the expert's tail (its last m-block, at most 64 valid rows); 0 for
+        the tail's own m-block, whose rows are multiplied elsewhere. FUSE_TAIL (tail_parts 1): the m-block before
+        the tail takes all of it, where the expert has 2+ m-blocks. SPLIT_TAIL (2): an expert of exactly 3 m-blocks
+        has the tail's columns split between its first two, which then take the same time; others do not fuse.
+        first slice: the weight tile slice (of tail_slices) of warpgroup 0's tail columns; warpgroup w takes +w.
+        tail box: the 64-row box index (of A and C) of the tail's rows."""
+        first = row_offsets[expert] // self.tile_m
+        block = m_block - first
         blocks = (row_offsets[expert + 1] - row_offsets[expert]) // self.tile_m
         valid = counts[expert] - block * self.tile_m  # valid rows from this m-block's first row on
         tail = counts[expert] - (blocks - 1) * self.tile_m  # valid rows of the expert's last m-block
         boxes = cutlass.min(cutlass.max((valid + BOX_ROWS - 1) // BOX_ROWS, 0), 2)
-        if blocks >= 2 and tail > 0 and tail <= BOX_ROWS:
-            if block == blocks - 2:
-                boxes = cutlass.Int32(FUSED_BOXES)
+        first_slice = cutlass.Int32(0)
+        fuses = blocks >= 2 and tail > 0 and tail <= BOX_ROWS
+        if cutlass.const_expr(self.tail_parts == 2):
+            fuses = blocks == 3 and tail > 0 and tail <= BOX_ROWS
+        if fuses:
             if block == blocks - 1:
                 boxes = cutlass.Int32(0)
-        return boxes
+            elif block >= blocks - 1 - self.tail_parts:
+                boxes = cutlass.Int32(FUSED_BOXES)
+                first_slice = (block - (blocks - 1 - self.tail_parts)) * 2
+        return boxes, first_slice, (first + blocks - 1) * 2
 
     # ------------------------------------------------------------------ the kernel
     @cute.kernel
@@ -170,7 +193,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
         workspace: cute.Tensor,
         a_box_staged: cute.ComposedLayout,
         b_smem_staged: cute.ComposedLayout,
-        b_half_staged: cute.ComposedLayout,
+        b_slice_staged: cute.ComposedLayout,
         epi_smem_staged: cute.ComposedLayout,
         main_mma: cute.TiledMma,
         tail_mma: cute.TiledMma,
@@ -210,7 +233,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
 
         sA = storage.sA.get_tensor(a_box_staged.outer, swizzle=a_box_staged.inner)
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
-        sB_half = storage.sB.get_tensor(b_half_staged.outer, swizzle=b_half_staged.inner)
+        sB_slice = storage.sB.get_tensor(b_slice_staged.outer, swizzle=b_slice_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
         s_rows = storage.expert_rows.get_tensor(cute.make_layout(self.num_experts + 1))
@@ -221,12 +244,12 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
                 s_counts[i] = counts[i]
         cute.arch.sync_threads()
 
-        # (box, bK, RestBoxes, RestK), (bN, bK, RestN, RestK, E); C in 64-row tiles of the whole and of half the
-        # output columns
+        # (box, bK, RestBoxes, RestK), (bN, bK, RestN, RestK, E); C in 64-row tiles of the whole and of one slice of
+        # the output columns
         gA = cute.local_tile(mA, (BOX_ROWS, self.tile_k), (None, None))
         gB = cute.local_tile(mB, (self.tile_n, self.tile_k), (None, None, None))
         gC = cute.local_tile(mC, (BOX_ROWS, self.out_tile_n), (None, None))
-        gC_half = cute.local_tile(mC, (BOX_ROWS, self.out_half_n), (None, None))
+        gC_slice = cute.local_tile(mC, (BOX_ROWS, self.out_slice_n), (None, None))
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
             tma_atom_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2)
         )
@@ -253,7 +276,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
                 while unit < total:
                     m_block, nb, expert, _, _, _ = self.decode_unit(unit, s_rows, s_counts, pair_threshold, rank)
                     next_unit = self.fetch_unit(bidx, num_clusters, unit, workspace, False, rank)
-                    boxes = self.unit_boxes(m_block, expert, s_rows, s_counts)
+                    boxes, _, tail_box = self.unit_boxes(m_block, expert, s_rows, s_counts)
                     load_tiles = k_tiles if boxes > 0 else 0  # a fused tail's own unit loads nothing
                     for k in cutlass.range(load_tiles, unroll=1):
                         mainloop.sync_object_empty.wait(state.index, state.phase)
@@ -261,10 +284,13 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
                         with cute.arch.elect_one():
                             cute.arch.mbarrier_arrive_and_expect_tx(bar, self.b_bytes + boxes * self.box_bytes)
                         cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                        for j in cutlass.range_constexpr(FUSED_BOXES):
+                        for j in cutlass.range_constexpr(FUSED_BOXES - 1):  # the m-block's own boxes
                             if j < boxes:
                                 cute.copy(tma_atom_a, tAgA[(None, m_block * 2 + j, k)],
                                           tAsA[(None, state.index * FUSED_BOXES + j)], tma_bar_ptr=bar)
+                        if boxes == FUSED_BOXES:  # the tail's rows
+                            cute.copy(tma_atom_a, tAgA[(None, tail_box, k)],
+                                      tAsA[(None, state.index * FUSED_BOXES + FUSED_BOXES - 1)], tma_bar_ptr=bar)
                         mainloop.producer_commit(state)
                         state.advance()
                     unit = next_unit
@@ -283,9 +309,9 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
             tCrA = main_mma.make_fragment_A(thr_main.partition_A(sA))  # indexed by box-stage
             tCrB = main_mma.make_fragment_B(thr_main.partition_B(sB))  # by stage
             tTrA = tail_mma.make_fragment_A(thr_tail.partition_A(sA))
-            tTrB = tail_mma.make_fragment_B(thr_tail.partition_B(sB_half))  # by half-stage
+            tTrB = tail_mma.make_fragment_B(thr_tail.partition_B(sB_slice))  # by slice-stage
             acc = cute.make_rmem_tensor(thr_main.partition_shape_C((BOX_ROWS, self.tile_n)), self.acc_dtype)
-            acc_tail = cute.make_rmem_tensor(thr_tail.partition_shape_C((BOX_ROWS, self.half_n)), self.acc_dtype)
+            acc_tail = cute.make_rmem_tensor(thr_tail.partition_shape_C((BOX_ROWS, self.slice_n)), self.acc_dtype)
             thr_out = out_mma.get_slice(wtidx)
             thr_out_tail = out_tail_mma.get_slice(wtidx)
             out = acc  # plain epilogue: in place
@@ -295,11 +321,11 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
                 out = cute.make_tensor(acc.iterator, cute.make_layout(
                     thr_out.partition_shape_C((BOX_ROWS, self.out_tile_n))))
                 out_tail = cute.make_tensor(acc_tail.iterator, cute.make_layout(
-                    thr_out_tail.partition_shape_C((BOX_ROWS, self.out_half_n))))
+                    thr_out_tail.partition_shape_C((BOX_ROWS, self.out_slice_n))))
             coords_acc = thr_main.partition_C(cute.make_identity_tensor((BOX_ROWS, self.tile_n)))
-            coords_tail = thr_tail.partition_C(cute.make_identity_tensor((BOX_ROWS, self.half_n)))
+            coords_tail = thr_tail.partition_C(cute.make_identity_tensor((BOX_ROWS, self.slice_n)))
             coords_out = thr_out.partition_C(cute.make_identity_tensor((BOX_ROWS, self.out_tile_n)))
-            coords_out_tail = thr_out_tail.partition_C(cute.make_identity_tensor((BOX_ROWS, self.out_half_n)))
+            coords_out_tail = thr_out_tail.partition_C(cute.make_identity_tensor((BOX_ROWS, self.out_slice_n)))
             num_k_blocks = cute.size(tCrA, mode=[2])
 
             # epilogue copies: registers -> SMEM (stmatrix), SMEM -> global (TMA); one set per output tile shape
@@ -338,7 +364,8 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
             total = self.total_units(s_rows)
             while unit < total:
                 m_block, nb, expert, _, _, _ = self.decode_unit(unit, s_rows, s_counts, pair_threshold, rank)
-                boxes = self.unit_boxes(m_block, expert, s_rows, s_counts)
+                boxes, first_slice, tail_box = self.unit_boxes(m_block, expert, s_rows, s_counts)
+                tail_slice = first_slice + wg  # this warpgroup's slice of the weight tile for the tail rows
                 multiplies = wg < boxes  # warpgroup-uniform
                 fused = boxes == FUSED_BOXES
                 acc.fill(0.0)
@@ -350,7 +377,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
                     for k in cutlass.range(k_tiles, unroll=1):
                         mainloop.consumer_wait(read_state)
                         self.issue_fused_k_tile(main_mma, tail_mma, acc, acc_tail, tCrA, tCrB, tTrA, tTrB,
-                                                read_state.index, wg, num_k_blocks, True)
+                                                read_state.index, wg, tail_slice, num_k_blocks, True)
                         cute.nvgpu.warpgroup.wait_group(1)
                         if k > 0:
                             mainloop.consumer_release(release_state)
@@ -363,7 +390,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
                     for k in cutlass.range(k_tiles, unroll=1):
                         mainloop.consumer_wait(read_state)
                         self.issue_fused_k_tile(main_mma, tail_mma, acc, acc_tail, tCrA, tCrB, tTrA, tTrB,
-                                                read_state.index, wg, num_k_blocks, False)
+                                                read_state.index, wg, tail_slice, num_k_blocks, False)
                         cute.nvgpu.warpgroup.wait_group(1)
                         if k > 0:
                             mainloop.consumer_release(release_state)
@@ -391,11 +418,11 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
                         gC[(None, None, m_block * 2 + wg, nb)], sC, tma_atom_c, r2s_main, tRS_rOut, tRS_rD, tRS_rD_out,
                         tRS_sD, store_pipe, epi_barrier, first_buf, epi_count, is_store_warp,
                     )
-                if fused:  # the tail rows, this warpgroup's half of the columns
+                if fused:  # the tail rows, this warpgroup's slice of the columns
                     self.apply_epilogue(acc_tail, out_tail, coords_tail, coords_out_tail, expert, nb,
-                                        row0 + 2 * BOX_ROWS, bias, row_scale, wg * self.half_n)
+                                        tail_box * BOX_ROWS, bias, row_scale, tail_slice * self.slice_n)
                     epi_count = self.store_tile(
-                        gC_half[(None, None, m_block * 2 + 2, nb * B_HALVES + wg)], sC, tma_atom_c, r2s_tail,
+                        gC_slice[(None, None, tail_box, nb * self.tail_slices + tail_slice)], sC, tma_atom_c, r2s_tail,
                         tRS_rOut_tail, tRS_rD_tail, tRS_rD_out_tail, tRS_sD_tail, store_pipe, epi_barrier, first_buf,
                         epi_count, is_store_warp,
                     )
@@ -407,10 +434,10 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
             store_pipe.producer_tail()
 
     @cute.jit
-    def issue_fused_k_tile(self, main_mma, tail_mma, acc, acc_tail, tCrA, tCrB, tTrA, tTrB, stage, wg,
+    def issue_fused_k_tile(self, main_mma, tail_mma, acc, acc_tail, tCrA, tCrB, tTrA, tTrB, stage, wg, tail_slice,
                            num_k_blocks: cutlass.Constexpr, fused: cutlass.Constexpr):
         """One K tile (SMEM stage `stage`) as one committed wgmma group: this warpgroup's 64 rows x the weight tile,
-        and with `fused` the tail's 64 rows x this warpgroup's half of it. Fences first (see issue_k_tile)."""
+        and with `fused` the tail's 64 rows x slice `tail_slice` of it. Fences first (see issue_k_tile)."""
         cute.nvgpu.warpgroup.fence()
         for kb in cutlass.range_constexpr(num_k_blocks):
             cute.gemm(main_mma, acc, tCrA[(None, None, kb, stage * FUSED_BOXES + wg)], tCrB[(None, None, kb, stage)],
@@ -418,5 +445,5 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
         if cutlass.const_expr(fused):
             for kb in cutlass.range_constexpr(num_k_blocks):
                 cute.gemm(tail_mma, acc_tail, tTrA[(None, None, kb, stage * FUSED_BOXES + FUSED_BOXES - 1)],
-                          tTrB[(None, None, kb, stage * B_HALVES + wg)], acc_tail)
+                          tTrB[(None, None, kb, stage * self.tail_slices + tail_slice)], acc_tail)
         cute.nvgpu.warpgroup.commit_group()

@@ -116,6 +116,11 @@ class PaddingRows(enum.Enum):
     # cute_fused_tail_backend.py: tile_k 32 or 64, gathered A, AFTER_MAINLOOP stores. Measured 1.02-1.13x the regular
     # kernel with the same stores at 128-512 rows per expert (results/fuse-tail-h200-2026-12-01/): not a default
     FUSE_TAIL = "fuse_tail"
+    # SKIP, and an expert of exactly three m-blocks whose last holds at most 64 valid rows has that tail's columns
+    # split between its first two units (each 1.25x a plain unit, so the units that share the expert's weight tiles
+    # stay in step; a FUSE_TAIL unit is 1.5x its neighbours). Same kernel file and limits, output tiles a multiple of
+    # 64 columns. Measured 1.11x the regular kernel with the same stores on deepseek-v3 T=8192: not a default
+    SPLIT_TAIL = "split_tail"
 
 
 class EpilogueStore(enum.Enum):
@@ -276,9 +281,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
 
 
+FUSED_TAIL_PARTS = {PaddingRows.FUSE_TAIL: 1, PaddingRows.SPLIT_TAIL: 2}  # units that share an expert's tail
+
+
 def unit_rows(config: Sm90GemmConfig) -> int:
-    """A rows one unit's MMA covers: tile_m, or tile_m + 64 with PaddingRows.FUSE_TAIL (an m-block and a tail)."""
-    return config.tile_m + 64 if config.padding_rows is PaddingRows.FUSE_TAIL else config.tile_m
+    """A rows one unit's MMA covers: tile_m, or tile_m + 64 where a unit may take a tail (FUSE_TAIL, SPLIT_TAIL)."""
+    return config.tile_m + 64 if config.padding_rows in FUSED_TAIL_PARTS else config.tile_m
 
 
 def smem_bytes(config: Sm90GemmConfig, stages: int) -> int:
@@ -385,14 +393,20 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
             swapped or config.consumers is not Consumers.COOPERATIVE or config.tile_m != 128):
         return False, ("padding_rows: SKIP needs COOPERATIVE consumers on 128-row TOKENS_AS_M tiles (two warpgroups "
                        "of 64 rows)")
-    if config.padding_rows is PaddingRows.FUSE_TAIL and (
+    if config.padding_rows in FUSED_TAIL_PARTS and (
             swapped or config.consumers is not Consumers.COOPERATIVE or config.tile_m != 128
-            or config.work_unit is not WorkUnit.SINGLE or config.tile_k not in (32, 64) or config.tile_n % 32
+            or config.work_unit is not WorkUnit.SINGLE or config.tile_k not in (32, 64)
+            or out_tile_n % (32 * FUSED_TAIL_PARTS[config.padding_rows])
             or config.a_source is not ASource.EXPERT_ORDER_COPY
             or config.epilogue_store is not EpilogueStore.AFTER_MAINLOOP):
-        return False, ("padding_rows: FUSE_TAIL needs SINGLE units of COOPERATIVE 128-row TOKENS_AS_M tiles with tile_k "
-                       "32 or 64, tile_n a multiple of 32 (each warpgroup takes half of a tail's columns), gathered A and "
-                       "AFTER_MAINLOOP stores (192 accumulator registers leave none for a held tile)")
+        # (each warpgroup of a fused unit stores a slice of out_tile_n / (2 * parts) columns of the tail rows, in
+        # sub-tiles of at least 16 columns: 8-column ones were measured wrong, gpt-oss GEMM1 on 192-wide SPLIT_TAIL)
+        name = config.padding_rows.name
+        return False, (f"padding_rows: {name} needs SINGLE units of COOPERATIVE 128-row TOKENS_AS_M tiles with "
+                       f"tile_k 32 or 64, an output tile of a multiple of {32 * FUSED_TAIL_PARTS[config.padding_rows]} "
+                       f"columns (got {out_tile_n}: each warpgroup of a fused unit stores a slice of a tail's "
+                       "columns), gathered A and AFTER_MAINLOOP stores (the accumulators leave no registers for a held "
+                       "tile)")
     if config.pair_threshold < 0:
         return False, f"pair_threshold: expected >= 0, got {config.pair_threshold}"
     if not isinstance(config.a_source, ASource):
@@ -706,10 +720,11 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         from .cute_swapped_backend import Sm90SwappedGroupedGemmKernel
 
         kernel = Sm90SwappedGroupedGemmKernel(**common, token_step=config.token_step)
-    elif config.padding_rows is PaddingRows.FUSE_TAIL:
+    elif config.padding_rows in FUSED_TAIL_PARTS:
         from .cute_fused_tail_backend import Sm90FusedTailGroupedGemmKernel
 
-        kernel = Sm90FusedTailGroupedGemmKernel(**common, cluster_m=1, raster_group_m=config.raster_group_m)
+        kernel = Sm90FusedTailGroupedGemmKernel(**common, cluster_m=1, raster_group_m=config.raster_group_m,
+                                                tail_parts=FUSED_TAIL_PARTS[config.padding_rows])
     else:
         from .cute_backend import Sm90GroupedGemmKernel
 

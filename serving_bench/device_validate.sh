@@ -144,13 +144,16 @@ memcheck-wide)
     step memcheck-wide 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench --no-pingpong \
         --routings zero_experts one_expert --only ${MEMCHECK_ONLY:-g1_oai_bias_wide256_dynamic g2_rowscale_wide256_one_size} ;;
-fuse-tail-checks)  # the PaddingRows.FUSE_TAIL kernels (cute_fused_tail_backend.py) over the four routings, no timings
+fuse-tail-checks)  # the FUSE_TAIL / SPLIT_TAIL kernels (cute_fused_tail_backend.py) over the four routings, no timings
     step fuse-tail-checks 200 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
         --no-pingpong --only ${FUSE_CHECKS:-g1_swiglu_fuse_tail g1_swiglu_fuse_tail_expert_grouped3_n256_dynamic_many \
         g1_oai_bias_fuse_tail_n192_dynamic_many g1_gelu_fuse_tail_fp16_grouped3_dynamic \
         g2_rowscale_bias_fuse_tail_n256_tail_dynamic_many g2_rowscale_fuse_tail_expert_grouped2_many \
         g2_plain_fuse_tail_decode g1_swiglu_fuse_tail_k32_expert_grouped3_n256_dynamic_many \
-        g2_rowscale_bias_fuse_tail_k32_n256_tail_many} --json "$out/fuse-tail-checks.json" ;;
+        g2_rowscale_bias_fuse_tail_k32_n256_tail_many g1_swiglu_split_tail_expert_grouped3_n256_dynamic_3blocks \
+        g1_oai_bias_split_tail_dynamic_3blocks g2_rowscale_bias_split_tail_n192_3blocks g2_rowscale_bias_split_tail_n256_tail_3blocks \
+        g2_rowscale_split_tail_expert_grouped2_dynamic_many g1_gelu_split_tail_fp16_k32_3blocks} \
+        --json "$out/fuse-tail-checks.json" ;;
 checks)  # every check variant (regular, swapped, ping-pong) over the four routings, no timings
     step checks 120 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
         --json "$out/checks.json" ;;

@@ -55,6 +55,7 @@ def check_variants():
     TOKEN_ROWS = s90.ASource.TOKEN_ROWS
     SKIP = s90.PaddingRows.SKIP
     FUSE = s90.PaddingRows.FUSE_TAIL
+    SPLIT = s90.PaddingRows.SPLIT_TAIL
     UNDER = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
     ACT = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP
     EG, DYN = s90.Raster.EXPERT_GROUPED_M, s90.Scheduler.DYNAMIC
@@ -221,6 +222,17 @@ def check_variants():
         ("g1_swiglu_fuse_tail_k32_expert_grouped3_n256_dynamic_many", Cfg(tile_k=32, scheduler=DYN, raster=EG,
                                                                          raster_group_m=3, padding_rows=FUSE), p1_n512),
         ("g2_rowscale_bias_fuse_tail_k32_n256_tail_many", Cfg(tile_n=256, tile_k=32, padding_rows=FUSE), p2_n384),
+        # PaddingRows.SPLIT_TAIL: an expert of three m-blocks has its tail's columns split over its first two units
+        # (a quarter of the weight tile per warpgroup); 192-wide GEMM2 tiles (48-column slices)
+        ("g1_swiglu_split_tail_expert_grouped3_n256_dynamic_3blocks", Cfg(scheduler=DYN, raster=EG, raster_group_m=3,
+                                                                         padding_rows=SPLIT), p1_n512),
+        ("g1_oai_bias_split_tail_dynamic_3blocks", Cfg(tile_n=128, scheduler=DYN, padding_rows=SPLIT), p1_oai),
+        ("g2_rowscale_bias_split_tail_n192_3blocks", Cfg(tile_n=192, padding_rows=SPLIT), p2_bias),
+        ("g2_rowscale_bias_split_tail_n256_tail_3blocks", Cfg(tile_n=256, padding_rows=SPLIT), p2_n384),
+        ("g2_rowscale_split_tail_expert_grouped2_dynamic_many", Cfg(tile_n=256, scheduler=DYN, raster=EG,
+                                                                   raster_group_m=2, padding_rows=SPLIT), p2),
+        ("g1_gelu_split_tail_fp16_k32_3blocks", Cfg(tile_n=128, tile_k=32, padding_rows=SPLIT),
+         Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, torch.float16, Activation.GELU_GATED)),
     ]
 
 
@@ -391,8 +403,10 @@ def call(cfg, problem, a, w, ro, cn, bias, row_scale, out, kdir, token_rows=None
 def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     dev = torch.device("cuda")
     # "_many" variants: ~3 units per CTA on 132 SMs (the persistent loop and pipeline phases wrap);
-    # "_decode": 3 tokens, a row or two per expert
-    tokens = 8192 if name.endswith("_many") else 3 if name.endswith("_decode") else 300
+    # "_decode": 3 tokens, a row or two per expert; "_3blocks": ~288 rows per expert (three 128-row m-blocks, the last
+    # with a tail of a few to 64 rows under random routing)
+    tokens = (8192 if name.endswith("_many") else 3 if name.endswith("_decode") else 576 if name.endswith("_3blocks")
+              else 300)
     top_k, experts = 4, problem.num_experts
     counts = make_counts(routing, tokens, top_k, experts, gen)
     max_rows = int(counts.sum()) + experts * (ALIGN - 1)

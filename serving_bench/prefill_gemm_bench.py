@@ -127,6 +127,9 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         # the same on 32-deep K tiles (7 stages: 56 KB stages of 64-deep ones leave room for 3 only)
         "fuse_tail_k32": _implementable(rep(regular_cfg, tile_k=32, padding_rows=s90.PaddingRows.FUSE_TAIL,
                                             epilogue_store=after), problem),
+        # an expert of three m-blocks with its tail's columns split over its first two units (equal units)
+        "split_tail": _implementable(rep(regular_cfg, padding_rows=s90.PaddingRows.SPLIT_TAIL, epilogue_store=after),
+                                     problem),
         # store_after with the 3 stages fuse_tail has (what the shallower pipeline alone costs)
         "store_after_stages3": rep(regular_cfg, epilogue_store=after, stages=3),
         "tile_n256_tail": tail256,

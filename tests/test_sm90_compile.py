@@ -400,6 +400,15 @@ def test_fuse_tail_limits_stages_and_key():
     p2 = s90.Sm90Problem(G2, 7168, 2048, 256, torch.bfloat16, None, False, True)
     ok, why = s90.can_implement(dataclasses.replace(fuse, tile_n=16), p2)  # 8 tail columns per warpgroup: too few
     assert not ok and why.startswith("padding_rows: FUSE_TAIL needs"), why
+    split = dataclasses.replace(fuse, padding_rows=s90.PaddingRows.SPLIT_TAIL)
+    assert s90.can_implement(split, p1) == (True, "") and s90.resolve_stages(split) == 3
+    ok, why = s90.can_implement(dataclasses.replace(split, tile_n=32), p2)  # a quarter of 32 columns: too few
+    assert not ok and why.startswith("padding_rows: SPLIT_TAIL needs"), why
+    # gpt-oss GEMM1 on 192-wide tiles: 24-column tail slices, whose 8-column store sub-tiles measured wrong on the H200
+    p1_oai = s90.Sm90Problem(G1, 5760, 2880, 128, torch.bfloat16, Activation.SWIGLU_OAI, has_bias=True)
+    ok, why = s90.can_implement(dataclasses.replace(split, tile_n=192), p1_oai)
+    assert not ok and "got 96" in why, why
+    assert s90.can_implement(dataclasses.replace(fuse, tile_n=192), p1_oai) == (True, "")
     skip = dataclasses.replace(fuse, padding_rows=s90.PaddingRows.SKIP)
     assert s90.kernel_key(fuse, p1).file_stem().endswith("_stages3_scheddynamic_rasterexpert-grouped-m_group8"
                                                         "_paddingfuse-tail")
@@ -416,19 +425,26 @@ FUSE_TAIL = [  # (name, config, problem): PaddingRows.FUSE_TAIL kernels (cute_fu
      s90.Sm90Problem(G1, 5760, 2880, 128, torch.bfloat16, Activation.SWIGLU_OAI, has_bias=True)),
     ("fuse_rowscale_n256_along_n", s90.Sm90GemmConfig(padding_rows=s90.PaddingRows.FUSE_TAIL),
      s90.Sm90Problem(G2, 7168, 2048, 256, torch.bfloat16, None, False, True)),
+    ("split_swiglu_n256_expert_grouped_dynamic", s90.Sm90GemmConfig(
+        scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.EXPERT_GROUPED_M, padding_rows=s90.PaddingRows.SPLIT_TAIL),
+     s90.Sm90Problem(G1, 4096, 7168, 256, torch.bfloat16, Activation.SWIGLU)),
+    ("split_rowscale_bias_n192_dynamic", s90.Sm90GemmConfig(
+        tile_n=192, scheduler=s90.Scheduler.DYNAMIC, padding_rows=s90.PaddingRows.SPLIT_TAIL),
+     s90.Sm90Problem(G2, 2880, 2880, 128, torch.bfloat16, None, True, True)),
 ]
 
 
 @NEEDS_DSL
 @pytest.mark.parametrize("name,config,problem", FUSE_TAIL, ids=[s[0] for s in FUSE_TAIL])
 def test_compile_fuse_tail_and_check_ptx(name, config, problem, tmp_path):
-    """Each warpgroup's m64 x tile_n MMA and, for fused units, the tail's m64 x tile_n/2 one; A by 64-row TMA boxes
+    """Each warpgroup's m64 x tile_n MMA and, for fused units, the tail's m64 x (a slice of tile_n) one; A by 64-row TMA boxes
     with per-unit transaction bytes. ptxas keeps the wgmma pipelined (no C7519 / C7520) and spills at most a
     few bytes (GEMM2's row scale: 12)."""
     ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
     _check_ptx(ptx, False, config.scheduler is s90.Scheduler.DYNAMIC)
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
-    assert shapes == {f"m64n{config.tile_n}k16", f"m64n{config.tile_n // 2}k16"}, shapes
+    parts = 2 if config.padding_rows is s90.PaddingRows.SPLIT_TAIL else 1
+    assert shapes == {f"m64n{config.tile_n}k16", f"m64n{config.tile_n // (2 * parts)}k16"}, shapes
     assert "mbarrier.arrive.expect_tx" in ptx
     assert ".reqntid 384" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232" in ptx
     if _ptxas() is not None:
