@@ -292,18 +292,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         if cutlass.const_expr(not self.token_rows):
             self.tma_bytes += cute.size_in_bytes(self.ab_dtype, a_smem_one)
 
-        @cute.struct
-        class SharedStorage:
-            mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sched_barriers: cute.struct.MemRange[cutlass.Int64, self.sched_stages * 2]
-            sched_slots: cute.struct.MemRange[cutlass.Int32, self.sched_stages * 4]
-            expert_rows: cute.struct.MemRange[cutlass.Int32, self.num_experts + 1]
-            expert_counts: cute.struct.MemRange[cutlass.Int32, self.num_experts]
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_smem_staged)], self.buffer_align_bytes]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem_staged)], self.buffer_align_bytes]
-            sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(epi_smem_staged)], self.buffer_align_bytes]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self.make_shared_storage(a_smem_staged, b_smem_staged, epi_smem_staged)
         num_clusters = self.num_sms // self.cluster_m
         self.kernel(
             tma_atom_a,
@@ -335,7 +324,36 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             stream=stream,
         )
 
+    def make_shared_storage(self, a_staged, b_staged, epi_staged):
+        """The CTA's shared storage (trace time): mainloop and scheduler barriers, the scheduler's unit slots, the SMEM
+        copy of the dispatch metadata, then the A, B and epilogue buffers of these staged layouts, 1 KiB aligned."""
+
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        fields = {  # (field annotations as objects: this module's annotations are strings)
+            "mainloop_barriers": mem[cutlass.Int64, self.stages * 2],
+            "sched_barriers": mem[cutlass.Int64, self.sched_stages * 2],
+            "sched_slots": mem[cutlass.Int32, self.sched_stages * 4],
+            "expert_rows": mem[cutlass.Int32, self.num_experts + 1],
+            "expert_counts": mem[cutlass.Int32, self.num_experts],
+            "sA": align[mem[self.ab_dtype, cute.cosize(a_staged)], self.buffer_align_bytes],
+            "sB": align[mem[self.ab_dtype, cute.cosize(b_staged)], self.buffer_align_bytes],
+            "sC": align[mem[self.c_dtype, cute.cosize(epi_staged)], self.buffer_align_bytes],
+        }
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
     # ------------------------------------------------------------------ device helpers
+    @cute.jit
+    def copy_metadata(self, storage, row_offsets, counts, tidx):
+        """SMEM copies of row_offsets and counts, written by all threads (the per-unit expert search then costs SMEM,
+        not L2, latency); the caller synchronizes the CTA before reading them."""
+        s_rows = storage.expert_rows.get_tensor(cute.make_layout(self.num_experts + 1))
+        s_counts = storage.expert_counts.get_tensor(cute.make_layout(self.num_experts))
+        for i in cutlass.range(tidx, self.num_experts + 1, self.threads, unroll=1):
+            s_rows[i] = row_offsets[i]
+            if i < self.num_experts:
+                s_counts[i] = counts[i]
+        return s_rows, s_counts
+
     @cute.jit
     def expert_of_row(self, row_offsets: cute.Tensor, row: cutlass.Int32) -> cutlass.Int32:
         """Largest e < E with row_offsets[e] <= row (unrolled binary search; empty experts are skipped)."""
@@ -489,13 +507,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
-        # SMEM copies of the dispatch metadata: the per-unit expert search then costs SMEM, not L2, latency
-        s_rows = storage.expert_rows.get_tensor(cute.make_layout(self.num_experts + 1))
-        s_counts = storage.expert_counts.get_tensor(cute.make_layout(self.num_experts))
-        for i in cutlass.range(tidx, self.num_experts + 1, self.threads, unroll=1):
-            s_rows[i] = row_offsets[i]
-            if i < self.num_experts:
-                s_counts[i] = counts[i]
+        s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
         cute.arch.sync_threads()
 
         # (bM, bK, RestM, RestK), (bN, bK, RestN, RestK, E), (bM, bN_out, RestM, RestN)

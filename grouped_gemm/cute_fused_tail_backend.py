@@ -123,18 +123,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
         self.box_bytes = cute.size_in_bytes(self.ab_dtype, a_box_one)
         self.b_bytes = cute.size_in_bytes(self.ab_dtype, b_smem_one)
 
-        @cute.struct
-        class SharedStorage:
-            mainloop_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sched_barriers: cute.struct.MemRange[cutlass.Int64, self.sched_stages * 2]
-            sched_slots: cute.struct.MemRange[cutlass.Int32, self.sched_stages * 4]
-            expert_rows: cute.struct.MemRange[cutlass.Int32, self.num_experts + 1]
-            expert_counts: cute.struct.MemRange[cutlass.Int32, self.num_experts]
-            sA: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(a_box_staged)], self.buffer_align_bytes]
-            sB: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(b_smem_staged)], self.buffer_align_bytes]
-            sC: cute.struct.Align[cute.struct.MemRange[self.c_dtype, cute.cosize(epi_smem_staged)], self.buffer_align_bytes]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self.make_shared_storage(a_box_staged, b_smem_staged, epi_smem_staged)
         self.fused_kernel(
             tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_c, tma_c, row_offsets, counts, bias, row_scale, workspace,
             a_box_staged, b_smem_staged, b_slice_staged, epi_smem_staged, main_mma, tail_mma, out_mma, out_tail_mma,
@@ -236,12 +225,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
         sB_slice = storage.sB.get_tensor(b_slice_staged.outer, swizzle=b_slice_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
-        s_rows = storage.expert_rows.get_tensor(cute.make_layout(self.num_experts + 1))
-        s_counts = storage.expert_counts.get_tensor(cute.make_layout(self.num_experts))
-        for i in cutlass.range(tidx, self.num_experts + 1, self.threads, unroll=1):
-            s_rows[i] = row_offsets[i]
-            if i < self.num_experts:
-                s_counts[i] = counts[i]
+        s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
         cute.arch.sync_threads()
 
         # (box, bK, RestBoxes, RestK), (bN, bK, RestN, RestK, E); C in 64-row tiles of the whole and of one slice of

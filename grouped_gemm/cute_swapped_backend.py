@@ -251,13 +251,8 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         sOut = storage.sOut.get_tensor(cute.make_layout((self.epi_rows, self.epi_pitch), stride=(self.epi_pitch, 1))
                                        if self.wide else cute.make_layout(self.epi_elems))
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
-        s_rows = storage.expert_rows.get_tensor(cute.make_layout(self.num_experts + 1))
-        s_counts = storage.expert_counts.get_tensor(cute.make_layout(self.num_experts))
+        s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
         s_tiles = storage.expert_tiles.get_tensor(cute.make_layout(self.num_experts + 1))
-        for i in cutlass.range(tidx, self.num_experts + 1, self.threads, unroll=1):
-            s_rows[i] = row_offsets[i]
-            if i < self.num_experts:
-                s_counts[i] = counts[i]
         if warp_idx == 1:
             self.scan_token_tiles(counts, s_tiles)
         cute.arch.sync_threads()
