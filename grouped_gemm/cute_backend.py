@@ -102,7 +102,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 # epilogue kinds (strings so they are static and hashable) and the epilogue's helpers
-from .cute_epilogue import EPI_GELU_GATED, EPI_PLAIN, EPI_SWIGLU, EPI_SWIGLU_OAI, GATED_EPILOGUES, Sm90EpilogueMixin
+from .cute_epilogue import GATED_EPILOGUES, Sm90EpilogueMixin
 
 SCHED_STATIC = "static"
 SCHED_DYNAMIC = "dynamic"
@@ -340,6 +340,29 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             "sC": align[mem[self.c_dtype, cute.cosize(epi_staged)], self.buffer_align_bytes],
         }
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def single_cta_pipelines(self, storage, tx_count):
+        """The pipelines of a cluster-1 kernel (cute_swapped_backend.py, cute_fused_tail_backend.py), then the
+        barrier-init arrive: the mainloop's (one TMA producer thread, `tx_count` bytes a stage, every consumer warp
+        releases) and the DYNAMIC scheduler's (one producer thread, every consumer thread reads each slot)."""
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mainloop_barriers.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_consumer_wg),
+            tx_count=tx_count,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            defer_sync=True,
+        )
+        sched = pipeline.PipelineAsync.create(
+            barrier_storage=storage.sched_barriers.data_ptr(),
+            num_stages=self.sched_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
+            defer_sync=True,
+        )
+        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        return mainloop, sched
 
     # ------------------------------------------------------------------ device helpers
     @cute.jit

@@ -49,7 +49,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.pipeline import pipeline_init_wait
 
 from .cute_backend import PADDING_SKIP, SCHED_DYNAMIC, Sm90GroupedGemmKernel
 
@@ -202,23 +202,8 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        mainloop = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mainloop_barriers.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_wg * 4),  # every warp
-            tx_count=self.b_bytes + FUSED_BOXES * self.box_bytes,  # (set per unit by the producer)
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
-        sched = pipeline.PipelineAsync.create(
-            barrier_storage=storage.sched_barriers.data_ptr(),
-            num_stages=self.sched_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
-            defer_sync=True,
-        )
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        # (the producer sets each unit's transaction bytes itself)
+        mainloop, sched = self.single_cta_pipelines(storage, self.b_bytes + FUSED_BOXES * self.box_bytes)
 
         sA = storage.sA.get_tensor(a_box_staged.outer, swizzle=a_box_staged.inner)
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)

@@ -57,7 +57,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.experimental import primitives as prims
-from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.pipeline import pipeline_init_wait
 
 from .cute_backend import CONSUMERS_COOPERATIVE, SCHED_DYNAMIC, RASTER_N, Sm90GroupedGemmKernel
 from .sm90_grouped_gemm import WIDE_EPI_PAD, WIDE_ROW_ALIGN, wide_epilogue_rows
@@ -228,23 +228,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        mainloop = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mainloop_barriers.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_consumer_wg),  # every consumer warp
-            tx_count=self.tma_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-            defer_sync=True,
-        )
-        sched = pipeline.PipelineAsync.create(
-            barrier_storage=storage.sched_barriers.data_ptr(),
-            num_stages=self.sched_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
-            defer_sync=True,
-        )
-        pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        mainloop, sched = self.single_cta_pipelines(storage, self.tma_bytes)
 
         sT_box = storage.sT.get_tensor(t_box_staged.outer, swizzle=t_box_staged.inner)
         sW = storage.sW.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
