@@ -239,10 +239,18 @@ memcheck-token-gemv)  # compute-sanitizer memcheck on the token GEMV GPU tests (
     # gpt-oss's T=1 GEMV2 runs the narrow tile)
     step memcheck-token-gemv 200 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m gpu -p no:cacheprovider \
         --rootdir "$repo" "$repo/tests/test_triton_token_gemv.py" -k "${MEMCHECK_K:-qwen3 or gpt-oss or layer_token_path}" ;;
-layer-profile)  # kernel times of one layer forward per backend (PROFILE_CELLS="model:T ...")
+layer-profile)  # kernel times of one layer forward per backend (PROFILE_CELLS="model:T ...", PROFILE_MODES="eager graph", PROFILE_SUSTAIN=seconds)
     for cell in ${PROFILE_CELLS:-deepseek-v3:8192 qwen3-30b-a3b:2048}; do
         step "profile-${cell/:/-}" 120 python3 -m moe2cta.serving_bench.layer_profile --model "${cell%%:*}" \
-            --tokens "${cell##*:}" --backends ${PROFILE_BACKENDS:-triton cute} --json "$out/profile-${cell/:/-}.json"
+            --tokens "${cell##*:}" --backends ${PROFILE_BACKENDS:-triton cute} --modes ${PROFILE_MODES:-eager} \
+            --sustain-seconds ${PROFILE_SUSTAIN:-0} --json "$out/profile-${cell/:/-}.json"
+    done ;;
+host-overhead)  # host time of one eager forward per backend (HOST_CELLS="model:T,T ...", HOST_PROFILE=N functions)
+    for cell in ${HOST_CELLS:-qwen3-30b-a3b:1,8,2048 deepseek-v3:1,2048}; do
+        tokens=${cell##*:}
+        step "host-${cell%%:*}" 150 python3 -m moe2cta.serving_bench.host_overhead --model "${cell%%:*}" \
+            --tokens ${tokens//,/ } --backends ${HOST_BACKENDS:-triton cute auto} --profile ${HOST_PROFILE:-0} \
+            --json "$out/host-${cell%%:*}.json"
     done ;;
 layer-padding)  # the layer's time per content of A's padding rows (as left, zeros, N(0,1), a token row), interleaved
     step layer-padding 300 python3 -m moe2cta.serving_bench.layer_padding_probe \

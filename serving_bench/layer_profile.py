@@ -1,17 +1,24 @@
 """Where a full MoE layer spends its time: GPU kernel times of one forward, per backend (torch.profiler).
 
-    python -m moe2cta.serving_bench.layer_profile --model deepseek-v3 --tokens 8192 --backends triton cute
+    python -m moe2cta.serving_bench.layer_profile --model deepseek-v3 --tokens 8192 --backends triton cute \
+        [--modes eager graph] [--sustain-seconds 3]
 
 Builds moe2cta.MoELayer for each backend on the model preset's random weights, routes uniform N(0,1) router
 logits (as the layer benchmark's `uniform` distribution), runs a few warm-up forwards, then profiles
 `--iters` forwards and prints each kernel's mean time per forward, largest first, and the sum. The layer
 benchmark (python -m moe2cta.serving_bench) gives the graph-replay time of the whole step; this shows which
-kernels make it up (eager launches: launch gaps are not in the kernel sum). Needs a CUDA GPU.
+kernels make it up. Modes (ProfileMode): EAGER launches the forwards one by one (launch gaps are not in the
+kernel sum); GRAPH profiles replays of one CUDA graph of the forward, as the layer benchmark times it. With
+`--sustain-seconds S` each mode also runs its forwards back to back for S seconds and reports the time per forward
+over that window with the board power and SM clock sampled beside it (power.sustain): kernel sum against time per
+forward is what the launches and gaps add, and the clock says whether two modes ran at the same speed of the card.
+Needs a CUDA GPU.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import enum
 import json
 import sys
 
@@ -21,19 +28,57 @@ from moe2cta import Backend, MoELayer
 from moe2cta.presets import get_preset
 
 from .backends import make_expert_weights
+from .power import PowerSampler, sustain
 
-__all__ = ["profile_layer", "main"]
+__all__ = ["ProfileMode", "EagerForward", "capture_forward", "profile_layer", "profile_calls", "main"]
+
+
+class ProfileMode(enum.Enum):
+    EAGER = "eager"  # forwards launched one by one from Python
+    GRAPH = "graph"  # replays of one CUDA graph of the forward (the layer benchmark's timing)
+
+
+class EagerForward:
+    """One eager forward as replay(), the interface of torch.cuda.CUDAGraph that power.sustain replays."""
+
+    def __init__(self, layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor):
+        self.layer, self.hidden, self.logits = layer, hidden, logits
+
+    def replay(self) -> None:
+        self.layer(self.hidden, self.logits)
+
+
+def capture_forward(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one forward, captured after warm-up forwards on a side stream (as timing.py captures)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            layer(hidden, logits)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer(hidden, logits)
+    torch.cuda.synchronize()
+    return graph
 
 
 def profile_layer(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, iters: int) -> list[tuple[str, float, int]]:
-    """[(kernel name, mean us per forward, launches per forward)], largest time first."""
+    """[(kernel name, mean us per forward, launches per forward)] of `iters` eager forwards, largest time first."""
+    return profile_calls(EagerForward(layer, hidden, logits), iters)
+
+
+def profile_calls(forward, iters: int) -> list[tuple[str, float, int]]:
+    """[(kernel name, mean us per call, launches per call)] of `iters` calls of forward.replay() (an EagerForward
+    or a CUDA graph), after three unprofiled ones, largest time first."""
     for _ in range(3):
-        layer(hidden, logits)
+        forward.replay()
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(iters):
-            layer(hidden, logits)
+            forward.replay()
         torch.cuda.synchronize()
     total_us = collections.defaultdict(float)
     launches = collections.Counter()
@@ -51,6 +96,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", required=True, help="token counts T")
     parser.add_argument("--backends", nargs="+", default=["triton", "cute"], choices=[b.value for b in Backend])
     parser.add_argument("--iters", type=int, default=5, help="profiled forwards per cell (default 5)")
+    parser.add_argument("--modes", nargs="+", default=[ProfileMode.EAGER.value], choices=[m.value for m in ProfileMode],
+                        help="eager forwards and / or replays of one CUDA graph of the forward (default eager)")
+    parser.add_argument("--sustain-seconds", type=float, default=0.0,
+                        help="also run each mode's forwards back to back this long: time per forward, power, SM clock")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -58,6 +107,9 @@ def main(argv=None) -> int:
         return 2
     if args.iters < 1:
         parser.error(f"--iters: expected >= 1, got {args.iters}")
+    if args.sustain_seconds and not args.sustain_seconds > 1.0:
+        parser.error(f"--sustain-seconds: expected 0 (off) or more than 1 s (the first second settles), "
+                     f"got {args.sustain_seconds}")
     preset = get_preset(args.model)
     dev = torch.device("cuda")
     weights = make_expert_weights(preset, dev, seed=0)
@@ -70,15 +122,27 @@ def main(argv=None) -> int:
             gen = torch.Generator(device="cpu").manual_seed(tokens)
             hidden = torch.randn(tokens, preset.hidden, generator=gen).to(dev, torch.bfloat16)
             logits = torch.randn(tokens, preset.num_experts, generator=gen).to(dev)
-            rows = profile_layer(layer, hidden, logits, args.iters)
             ran = layer.backend_for(tokens).value
-            total = sum(us for _, us, _ in rows)
-            print(f"\n{preset.name} T={tokens} backend={backend} (runs {ran}): kernel sum {total:.1f} us per forward")
-            for name, us, count in rows:
-                print(f"  {us:10.1f} us  x{count:<3d} {name[:110]}")
-            report.append({"model": preset.name, "tokens": tokens, "backend": backend, "runs": ran,
-                           "kernel_sum_us": total,
-                           "kernels": [{"name": n, "us": us, "launches": c} for n, us, c in rows]})
+            for mode in map(ProfileMode, args.modes):
+                forward = (EagerForward(layer, hidden, logits) if mode is ProfileMode.EAGER
+                           else capture_forward(layer, hidden, logits))
+                rows = profile_calls(forward, args.iters)
+                total = sum(us for _, us, _ in rows)
+                entry = {"model": preset.name, "tokens": tokens, "backend": backend, "runs": ran, "mode": mode.value,
+                         "kernel_sum_us": total,
+                         "kernels": [{"name": n, "us": us, "launches": c} for n, us, c in rows]}
+                line = f"kernel sum {total:.1f} us per forward"
+                if args.sustain_seconds:
+                    sampler = PowerSampler(torch.cuda.current_device())
+                    reading = sustain(forward, 1, args.sustain_seconds, sampler, power_limit_w=sampler.power_limit_w())
+                    entry["sustained"] = reading.to_json()
+                    line += (f"; sustained {1e3 * reading.ms_per_call:.1f} us per forward at {reading.power_w:.0f} W, "
+                             f"{reading.sm_mhz:.0f} MHz ({' '.join(reading.reasons) or 'no throttle reason'})")
+                print(f"\n{preset.name} T={tokens} backend={backend} (runs {ran}) mode={mode.value}: {line}")
+                for name, us, count in rows:
+                    print(f"  {us:10.1f} us  x{count:<3d} {name[:110]}")
+                report.append(entry)
+                del forward
         del layer
         torch.cuda.empty_cache()
     if args.json:

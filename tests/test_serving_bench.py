@@ -554,8 +554,26 @@ def test_layer_profile_arguments(capsys):
     with pytest.raises(SystemExit):
         layer_profile.main(["--model", "qwen3-30b-a3b", "--tokens", "8", "--backends", "nope"])
     assert "--backends" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        layer_profile.main(["--model", "qwen3-30b-a3b", "--tokens", "8", "--modes", "replayed"])
+    assert "--modes" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert layer_profile.main(["--model", "qwen3-30b-a3b", "--tokens", "8"]) == 2
+        assert "CUDA" in capsys.readouterr().err
+
+
+def test_host_overhead_arguments(capsys):
+    """The host-overhead bench names a bad argument; without a GPU it says so and returns 2."""
+    from moe2cta.serving_bench import host_overhead
+
+    with pytest.raises(SystemExit):
+        host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "8", "--backends", "nope"])
+    assert "--backends" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "8", "--calls", "0"])
+    assert "--calls" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "8"]) == 2
         assert "CUDA" in capsys.readouterr().err
 
 

@@ -1,0 +1,115 @@
+"""Host time of one eager MoELayer forward: what a caller that does not capture CUDA graphs pays per call.
+
+    python -m moe2cta.serving_bench.host_overhead --model qwen3-30b-a3b --tokens 1 8 2048 \\
+        --backends triton cute auto [--calls 30] [--profile 25 [--sort tottime]] [--json FILE]
+
+For each backend and T, after warm-up forwards: `--calls` forwards are launched while the GPU sleeps behind a long
+sleep kernel, so the host never waits for the GPU and the host clock measures the host's own work per forward
+(argument checks, planning, kernel lookups, launches). A forward that synchronizes with the GPU shows as a host
+time near the sleep's length and is reported as such. Beside it, the GPU time of the same forwards (CUDA events,
+after the sleep). With --profile N, the N functions with the most cumulative host time over those calls (cProfile).
+CUDA-graph replay (the layer benchmark) pays none of this host time. Needs a CUDA GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+
+import torch
+
+from moe2cta import Backend, MoELayer
+from moe2cta.presets import get_preset
+
+from .backends import make_expert_weights
+
+__all__ = ["host_time_per_forward", "main"]
+
+SLEEP_CYCLES_PER_CALL = 20_000_000  # ~10 ms of GPU sleep per timed forward: far longer than any host forward
+
+
+def host_time_per_forward(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, calls: int,
+                          profiler: cProfile.Profile | None = None) -> tuple[float, float, bool]:
+    """(host us per forward, GPU us per forward, whether the host waited for the GPU) over `calls` forwards."""
+    for _ in range(3):
+        layer(hidden, logits)
+    torch.cuda.synchronize()
+    sleep_cycles = SLEEP_CYCLES_PER_CALL * calls
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(sleep_cycles)
+    start.record()
+    t0 = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    for _ in range(calls):
+        layer(hidden, logits)
+    if profiler is not None:
+        profiler.disable()
+    host_s = time.perf_counter() - t0
+    # the sleep (~10 ms per forward) over before the host is done: some forward waited for the GPU
+    waited = start.query()
+    end.record()
+    end.synchronize()
+    gpu_ms = start.elapsed_time(end)
+    return 1e6 * host_s / calls, 1e3 * gpu_ms / calls, bool(waited)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="model preset name (moe2cta.presets)")
+    parser.add_argument("--tokens", type=int, nargs="+", required=True, help="token counts T")
+    parser.add_argument("--backends", nargs="+", default=["triton", "cute", "auto"], choices=[b.value for b in Backend])
+    parser.add_argument("--calls", type=int, default=30, help="timed forwards per cell (default 30: their launches fit the queue)")
+    parser.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time")
+    parser.add_argument("--sort", choices=["cumulative", "tottime"], default="cumulative",
+                        help="--profile order: cumulative (with callees) or tottime (own time)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if args.calls < 1:
+        parser.error(f"--calls: expected >= 1, got {args.calls}")
+    if args.profile < 0:
+        parser.error(f"--profile: expected >= 0, got {args.profile}")
+    if not torch.cuda.is_available():
+        print("host_overhead needs a CUDA GPU", file=sys.stderr)
+        return 2
+    preset = get_preset(args.model)
+    dev = torch.device("cuda")
+    weights = make_expert_weights(preset, dev, seed=0)
+    report = []
+    for backend in args.backends:
+        layer = MoELayer(weights.w13, weights.w2, routing=preset.routing, activation=preset.activation,
+                         b13=weights.b13, b2=weights.b2, e_score_correction_bias=weights.e_score_correction_bias,
+                         backend=backend)
+        for tokens in args.tokens:
+            gen = torch.Generator(device="cpu").manual_seed(tokens)
+            hidden = torch.randn(tokens, preset.hidden, generator=gen).to(dev, torch.bfloat16)
+            logits = torch.randn(tokens, preset.num_experts, generator=gen).to(dev)
+            host_us, gpu_us, waited = host_time_per_forward(layer, hidden, logits, args.calls)
+            ran = layer.backend_for(tokens).value
+            note = " (the host waited for the GPU: a forward synchronizes)" if waited else ""
+            print(f"{preset.name} T={tokens} backend={backend} (runs {ran}): host {host_us:.1f} us per forward, "
+                  f"GPU {gpu_us:.1f} us{note}")
+            entry = {"model": preset.name, "tokens": tokens, "backend": backend, "runs": ran,
+                     "host_us_per_forward": host_us, "gpu_us_per_forward": gpu_us, "host_waited_for_gpu": waited}
+            if args.profile:
+                profiler = cProfile.Profile()
+                host_time_per_forward(layer, hidden, logits, args.calls, profiler)
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats(args.sort).print_stats(args.profile)
+                print(text.getvalue())
+                entry["profile"] = text.getvalue()
+            report.append(entry)
+        del layer
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
