@@ -245,13 +245,17 @@ layer-profile)  # kernel times of one layer forward per backend (PROFILE_CELLS="
             --tokens "${cell##*:}" --backends ${PROFILE_BACKENDS:-triton cute} --modes ${PROFILE_MODES:-eager} \
             --sustain-seconds ${PROFILE_SUSTAIN:-0} --json "$out/profile-${cell/:/-}.json"
     done ;;
-host-overhead)  # host time of one eager forward per backend (HOST_CELLS="model:T,T ...", HOST_PROFILE=N functions)
+host-overhead)  # host time of one forward per backend and call mode (HOST_CELLS="model:T,T ...", HOST_MODES="eager graphed",
+    # HOST_GRAPH_SIZES="1 2 4 ..." for every cell, HOST_PROFILE=N functions)
     for cell in ${HOST_CELLS:-qwen3-30b-a3b:1,8,2048 deepseek-v3:1,2048}; do
         tokens=${cell##*:}
         step "host-${cell%%:*}" 150 python3 -m moe2cta.serving_bench.host_overhead --model "${cell%%:*}" \
-            --tokens ${tokens//,/ } --backends ${HOST_BACKENDS:-triton cute auto} --profile ${HOST_PROFILE:-0} \
+            --tokens ${tokens//,/ } --backends ${HOST_BACKENDS:-triton cute auto} --modes ${HOST_MODES:-eager} \
+            ${HOST_GRAPH_SIZES:+--graph-sizes $HOST_GRAPH_SIZES} --profile ${HOST_PROFILE:-0} \
             --json "$out/host-${cell%%:*}.json"
     done ;;
+graphed-tests)  # GraphedMoELayer against the layer's eager forward, bit for bit (needs the GPU-test bundle's custom shape)
+    step graphed-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests/test_graphed.py" ;;
 layer-padding)  # the layer's time per content of A's padding rows (as left, zeros, N(0,1), a token row), interleaved
     step layer-padding 300 python3 -m moe2cta.serving_bench.layer_padding_probe \
         --models ${PADDING_MODELS:-deepseek-v3 qwen3-235b-a22b qwen3-30b-a3b gpt-oss-120b} --tokens ${PADDING_TOKENS:-2048 8192} \

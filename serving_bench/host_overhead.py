@@ -1,19 +1,23 @@
 """Host time of one eager MoELayer forward: what a caller that does not capture CUDA graphs pays per call.
 
     python -m moe2cta.serving_bench.host_overhead --model qwen3-30b-a3b --tokens 1 8 2048 \\
-        --backends triton cute auto [--calls 30] [--profile 25 [--sort tottime]] [--json FILE]
+        --backends triton cute auto [--modes eager graphed graphed-in-place] [--calls 30] [--profile 25 [--sort tottime]] [--json FILE]
 
 For each backend and T, after warm-up forwards: `--calls` forwards are launched while the GPU sleeps behind a long
 sleep kernel, so the host never waits for the GPU and the host clock measures the host's own work per forward
 (argument checks, planning, kernel lookups, launches). A forward that synchronizes with the GPU shows as a host
 time near the sleep's length and is reported as such. Beside it, the GPU time of the same forwards (CUDA events,
 after the sleep). With --profile N, the N functions with the most cumulative host time over those calls (cProfile).
-CUDA-graph replay (the layer benchmark) pays none of this host time. Needs a CUDA GPU.
+--modes picks how a forward is called (CallMode): the MoELayer itself (eager), or a GraphedMoELayer of the same
+layer over the --tokens sizes, captured before the timing: graphed (copies in, one replay, a copy out) or
+graphed-in-place (the batch in its static_inputs() views, output its static buffer: the replay alone). Needs a
+CUDA GPU.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import enum
 import io
 import json
 import pstats
@@ -22,17 +26,24 @@ import time
 
 import torch
 
-from moe2cta import Backend, MoELayer
+from moe2cta import Backend, GraphedMoELayer, GraphOutput, MoELayer
+from moe2cta.graphed import capture_size_for
 from moe2cta.presets import get_preset
 
 from .backends import make_expert_weights
 
-__all__ = ["host_time_per_forward", "main"]
+__all__ = ["CallMode", "host_time_per_forward", "main"]
 
 SLEEP_CYCLES_PER_CALL = 20_000_000  # ~10 ms of GPU sleep per timed forward: far longer than any host forward
 
 
-def host_time_per_forward(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, calls: int,
+class CallMode(enum.Enum):
+    EAGER = "eager"  # MoELayer.__call__
+    GRAPHED = "graphed"  # GraphedMoELayer.__call__ over the same layer (moe2cta.graphed)
+    GRAPHED_IN_PLACE = "graphed-in-place"  # the same, inputs in its static_inputs() views, GraphOutput.STATIC_BUFFER
+
+
+def host_time_per_forward(layer: "MoELayer | GraphedMoELayer", hidden: torch.Tensor, logits: torch.Tensor, calls: int,
                           profiler: cProfile.Profile | None = None) -> tuple[float, float, bool]:
     """(host us per forward, GPU us per forward, whether the host waited for the GPU) over `calls` forwards."""
     for _ in range(3):
@@ -63,6 +74,11 @@ def main(argv=None) -> int:
     parser.add_argument("--model", required=True, help="model preset name (moe2cta.presets)")
     parser.add_argument("--tokens", type=int, nargs="+", required=True, help="token counts T")
     parser.add_argument("--backends", nargs="+", default=["triton", "cute", "auto"], choices=[b.value for b in Backend])
+    parser.add_argument("--modes", nargs="+", default=["eager"], choices=[m.value for m in CallMode],
+                        help="how each forward is called (default eager)")
+    parser.add_argument("--graph-sizes", type=int, nargs="+",
+                        help="the GraphedMoELayer's batch sizes (default: the --tokens counts); a T between two sizes "
+                             "runs the larger one, padded")
     parser.add_argument("--calls", type=int, default=30, help="timed forwards per cell (default 30: their launches fit the queue)")
     parser.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time")
     parser.add_argument("--sort", choices=["cumulative", "tottime"], default="cumulative",
@@ -73,6 +89,13 @@ def main(argv=None) -> int:
         parser.error(f"--calls: expected >= 1, got {args.calls}")
     if args.profile < 0:
         parser.error(f"--profile: expected >= 0, got {args.profile}")
+    if any(t < 0 for t in args.tokens):
+        parser.error(f"--tokens: expected counts >= 0, got {args.tokens}")
+    graph_sizes = args.graph_sizes or [t for t in args.tokens if t > 0]
+    if args.modes != ["eager"] and not graph_sizes:
+        parser.error("--modes: the graphed modes need a --tokens count >= 1 (T=0 runs eagerly)")
+    if any(t < 1 for t in graph_sizes):
+        parser.error(f"--graph-sizes: expected sizes >= 1, got {args.graph_sizes}")
     if not torch.cuda.is_available():
         print("host_overhead needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -84,25 +107,41 @@ def main(argv=None) -> int:
         layer = MoELayer(weights.w13, weights.w2, routing=preset.routing, activation=preset.activation,
                          b13=weights.b13, b2=weights.b2, e_score_correction_bias=weights.e_score_correction_bias,
                          backend=backend)
-        for tokens in args.tokens:
-            gen = torch.Generator(device="cpu").manual_seed(tokens)
-            hidden = torch.randn(tokens, preset.hidden, generator=gen).to(dev, torch.bfloat16)
-            logits = torch.randn(tokens, preset.num_experts, generator=gen).to(dev)
-            host_us, gpu_us, waited = host_time_per_forward(layer, hidden, logits, args.calls)
-            ran = layer.backend_for(tokens).value
-            note = " (the host waited for the GPU: a forward synchronizes)" if waited else ""
-            print(f"{preset.name} T={tokens} backend={backend} (runs {ran}): host {host_us:.1f} us per forward, "
-                  f"GPU {gpu_us:.1f} us{note}")
-            entry = {"model": preset.name, "tokens": tokens, "backend": backend, "runs": ran,
-                     "host_us_per_forward": host_us, "gpu_us_per_forward": gpu_us, "host_waited_for_gpu": waited}
-            if args.profile:
-                profiler = cProfile.Profile()
-                host_time_per_forward(layer, hidden, logits, args.calls, profiler)
-                text = io.StringIO()
-                pstats.Stats(profiler, stream=text).sort_stats(args.sort).print_stats(args.profile)
-                print(text.getvalue())
-                entry["profile"] = text.getvalue()
-            report.append(entry)
+        for mode in map(CallMode, args.modes):
+            forward = layer
+            if mode is not CallMode.EAGER:
+                output = GraphOutput.COPY if mode is CallMode.GRAPHED else GraphOutput.STATIC_BUFFER
+                forward = GraphedMoELayer(layer, batch_sizes=graph_sizes, output=output)
+                forward.capture()
+            for tokens in args.tokens:
+                gen = torch.Generator(device="cpu").manual_seed(tokens)
+                hidden = torch.randn(tokens, preset.hidden, generator=gen).to(dev, torch.bfloat16)
+                logits = torch.randn(tokens, preset.num_experts, generator=gen).to(dev)
+                if mode is CallMode.GRAPHED_IN_PLACE and 0 < tokens <= max(graph_sizes):
+                    static_hidden, static_logits = forward.static_inputs(tokens)
+                    static_hidden.copy_(hidden)
+                    static_logits.copy_(logits)
+                    hidden, logits = static_hidden, static_logits
+                host_us, gpu_us, waited = host_time_per_forward(forward, hidden, logits, args.calls)
+                # the batch size that runs: a graph's (padded), or T where the call is eager
+                size = None if mode is CallMode.EAGER else capture_size_for(tokens, forward.batch_sizes)
+                ran = layer.backend_for(size or tokens).value
+                note = " (the host waited for the GPU: a forward synchronizes)" if waited else ""
+                replay = "" if size is None else f" (graph of {size})"
+                print(f"{preset.name} T={tokens} backend={backend} (runs {ran}) {mode.value}{replay}: host {host_us:.1f} us "
+                      f"per forward, GPU {gpu_us:.1f} us{note}")
+                entry = {"model": preset.name, "tokens": tokens, "backend": backend, "runs": ran, "call": mode.value,
+                         "graph_size": size, "host_us_per_forward": host_us, "gpu_us_per_forward": gpu_us,
+                         "host_waited_for_gpu": waited}
+                if args.profile:
+                    profiler = cProfile.Profile()
+                    host_time_per_forward(forward, hidden, logits, args.calls, profiler)
+                    text = io.StringIO()
+                    pstats.Stats(profiler, stream=text).sort_stats(args.sort).print_stats(args.profile)
+                    print(text.getvalue())
+                    entry["profile"] = text.getvalue()
+                report.append(entry)
+            del forward
         del layer
         torch.cuda.empty_cache()
     if args.json:

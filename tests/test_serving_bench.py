@@ -572,8 +572,17 @@ def test_host_overhead_arguments(capsys):
     with pytest.raises(SystemExit):
         host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "8", "--calls", "0"])
     assert "--calls" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "8", "--modes", "replayed"])
+    assert "--modes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "0", "--modes", "graphed-in-place"])
+    assert "--modes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "-1"])
+    assert "--tokens" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "8"]) == 2
+        assert host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "8", "--modes", "eager", "graphed", "graphed-in-place"]) == 2
         assert "CUDA" in capsys.readouterr().err
 
 
