@@ -245,7 +245,7 @@ layer-profile)  # kernel times of one layer forward per backend (PROFILE_CELLS="
             --tokens "${cell##*:}" --backends ${PROFILE_BACKENDS:-triton cute} --modes ${PROFILE_MODES:-eager} \
             --sustain-seconds ${PROFILE_SUSTAIN:-0} --json "$out/profile-${cell/:/-}.json"
     done ;;
-host-overhead)  # host time of one forward per backend and call mode (HOST_CELLS="model:T,T ...", HOST_MODES="eager graphed",
+host-overhead)  # host time of one forward per backend and call mode (HOST_CELLS="model:T,T ...", HOST_MODES="eager graphed graphed-in-place",
     # HOST_GRAPH_SIZES="1 2 4 ..." for every cell, HOST_PROFILE=N functions)
     for cell in ${HOST_CELLS:-qwen3-30b-a3b:1,8,2048 deepseek-v3:1,2048}; do
         tokens=${cell##*:}
