@@ -549,16 +549,13 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         top_k, hidden.shape[0], config.activation, layer.b13 is not None, hidden.dtype, layer.tuning_cache,
         gemm2_row_scale=not on_input,
     )
-    # sm90: the family default for the batch's average rows per expert (few rows: the swapped-operand decode
-    # kernel; up to a few hundred: the wide swapped-operand kernel). `moe2cta tune` has no swapped-operand
-    # candidates yet and its entries there keep a regular 128-row kernel, which those beat
-    # (docs/perf-notes-sm90.md v5, v9): the default wins where it is a swapped-operand kernel.
+    # sm90: the family default for the batch's average rows per expert where it is a swapped-operand kernel or the
+    # tuned kernel itself (_sm90_tuned_configs)
     hint = {}
     token_rows_cfg = None
     if prefix == "sm90":
         hint["rows_per_expert"] = rows_per_expert
-        if any(module.default_overrides_tuning(p, rows_per_expert) for p in prepared["problems"]):
-            cfg1 = cfg2 = None
+        cfg1, cfg2 = _sm90_tuned_configs(module, prepared["problems"], (cfg1, cfg2), rows_per_expert)
         wanted = layer.gemm1_input is Gemm1Input.TOKEN_ROWS or (
             layer.gemm1_input is Gemm1Input.AUTO and module.token_rows_pays(prepared["problems"][0], rows_per_expert))
         if wanted and not on_input and hidden.shape[0] > 0:
@@ -586,6 +583,25 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     return _router_api().combine(
         y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()
     )
+
+
+def _sm90_tuned_configs(module, problems, tuned, rows_per_expert):
+    """(gemm1, gemm2) configs the sm90 layer passes on, from the tuning cache's (None: the family default).
+
+    Both fall back to the default where that is a swapped-operand kernel (`moe2cta tune` has none; its entries
+    there hold a regular kernel that the swapped one was measured to beat, docs/perf-notes-sm90.md v5, v9). A
+    tuned entry that is the very kernel the default runs for this batch becomes None too, so that GEMM1 reads the
+    token rows where that pays, as the untuned layer does (`moe2cta tune` times its candidates on the gathered
+    copy). Memoized lookups only: nothing is built per forward."""
+    if any(module.default_overrides_tuning(p, rows_per_expert) for p in problems):
+        return None, None
+
+    def is_default(cfg, problem):  # the same compiled kernel, run with the same runtime arguments
+        default = module.default_config(problem, rows_per_expert=rows_per_expert)
+        return module.kernel_key(cfg, problem) == module.kernel_key(default, problem) and (
+            cfg.work_unit is module.WorkUnit.SINGLE or cfg.pair_threshold == default.pair_threshold)
+
+    return tuple(None if cfg is None or is_default(cfg, p) else cfg for cfg, p in zip(tuned, problems))
 
 
 def _token_rows_config(module, problem, tuned, rows_per_expert):

@@ -13,7 +13,9 @@ Peers (implemented here):
   when the package imports; its fc1 takes [up; gate], so w13 is re-ordered once at build.
 Ours (moe2cta.MoELayer): moe2cta-torch (Backend.TORCH), triton (Backend.TRITON), cute (Backend.CUTE:
 sm_90 / sm_100), auto (Backend.AUTO); cute-gathered / cute-token-rows (Backend.CUTE with Gemm1Input.GATHERED_COPY /
-TOKEN_ROWS: GEMM1 on a gathered copy / on the token rows wherever it can, the two sides of the AUTO choice).
+TOKEN_ROWS: GEMM1 on a gathered copy / on the token rows wherever it can, the two sides of the AUTO choice);
+cute-tuned (Backend.CUTE with the tuning cache `moe2cta tune run` wrote: $MOE2CTA_TUNING_CACHE, else
+~/.cache/moe2cta/tuning.json, resolved when the backend is checked and built, never at import).
 """
 from __future__ import annotations
 
@@ -322,6 +324,26 @@ def _moe2cta_build(backend_name: str, **layer_options):
     return build
 
 
+def _tuning_cache_available(device: torch.device) -> tuple[bool, str]:
+    ok, reason = _moe2cta_available("CUTE", True)(device)
+    if not ok:
+        return ok, reason
+    from moe2cta import tuning
+
+    path = tuning.default_cache_path()
+    if not path.is_file():
+        return False, f"no tuning cache at {path} (moe2cta tune run writes one; MOE2CTA_TUNING_CACHE names it)"
+    if len(tuning.TuningCache(path)) == 0:
+        return False, f"the tuning cache {path} holds no entries"
+    return True, ""
+
+
+def _moe2cta_build_tuned(preset: ModelPreset, weights: ExpertWeights):
+    from moe2cta import tuning
+
+    return _moe2cta_build("CUTE", tuning_cache=tuning.TuningCache(tuning.default_cache_path()))(preset, weights)
+
+
 def _ours(name: str, backend_name: str, description: str, needs_cuda: bool,
           capture: GraphCapture = GraphCapture.TRY, family: BackendFamily = BackendFamily.OURS,
           **layer_options) -> BackendSpec:
@@ -366,6 +388,15 @@ BACKENDS: dict[str, BackendSpec] = {
               gemm1_input="gathered_copy"),
         _ours("cute-token-rows", "CUTE", "moe2cta.MoELayer, Backend.CUTE, Gemm1Input.TOKEN_ROWS", needs_cuda=True,
               gemm1_input="token_rows"),
+        BackendSpec(
+            "cute-tuned",
+            BackendFamily.OURS,
+            "moe2cta.MoELayer, Backend.CUTE with the tuning cache (MOE2CTA_TUNING_CACHE, else the default path)",
+            GraphCapture.TRY,
+            _tuning_cache_available,
+            _moe2cta_build_tuned,
+            _moe2cta_supports("CUTE"),
+        ),
         BackendSpec(
             "flashinfer",
             BackendFamily.PEER,

@@ -66,6 +66,32 @@ all-tests)  # every GPU test in one pytest run (the tiers above, together; needs
 tune)
     step tune 90 python3 -m moe2cta.tune_cli run --model qwen3-30b-a3b --arch sm_90a --kernel-dir "$kdir" \
         --cache "$out/tuning-h200.json" --json "$out/tune.json" --verbose ;;
+tuning-tests)  # the tuned layer and `moe2cta tune` on the GPU (kernels: the tune bundles plus the tuned-layer test's)
+    step tuning-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests/test_tuning.py" \
+        "$repo/tests/test_api.py" -k "tuning" ;;
+tune-all)  # autotune each preset at the buckets of its bench cells (T = 512..32768), rows spread as routing spreads
+    # them; entries go to $MOE2CTA_TUNING_CACHE. The bundle: `moe2cta tune build --model M --buckets ...` per preset
+    for spec in ${TUNE_SPECS:-qwen3-30b-a3b:128,512,2048 qwen3-235b-a22b:128,512,2048 mixtral-8x7b:128,512,2048 \
+                 deepseek-v3:64,256,1024 gpt-oss-120b:64,256,1024}; do
+        m=${spec%%:*} buckets=${spec#*:}
+        # shellcheck disable=SC2086
+        TAIL=10 step "tune-$m" 150 python3 -m moe2cta.tune_cli run --model "$m" --arch sm_90a --kernel-dir "$kdir" \
+            --rows routed --buckets ${buckets//,/ } --json "$out/tune-$m.json" --verbose
+    done ;;
+layer-tuned)  # the layer untuned and with that cache, side by side in one run per model
+    for m in ${LAYER_MODELS:-mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b}; do
+        TAIL=6 step "layer-tuned-$m" 170 python3 -m moe2cta.serving_bench --models "$m" \
+            --tokens "${LAYER_TUNED_TOKENS:-512,2048,8192,32768}" --backends cute,cute-tuned \
+            --time-per-case 0.05 --out "$out/layer-tuned-$m" --progress off --no-plots
+    done ;;
+placement)  # equal layer copies at other addresses, interleaved: placement against drift (layer_placement_probe)
+    for spec in ${PLACEMENT_SPECS:-mixtral-8x7b:2048,8192 qwen3-30b-a3b:2048,8192 qwen3-235b-a22b:2048,8192 \
+                 gpt-oss-120b:8192 deepseek-v3:8192}; do
+        m=${spec%%:*} tokens=${spec#*:}
+        # shellcheck disable=SC2086
+        TAIL=4 step "placement-$m" 150 python3 -m moe2cta.serving_bench.layer_placement_probe --models "$m" \
+            --tokens ${tokens//,/ } --copies "${PLACEMENT_COPIES:-3}" --json "$out/placement-$m.json"
+    done ;;
 router)
     step router 100 python3 -m moe2cta.serving_bench.router_bench --experts 128 --top-k 8 \
         --tokens 1 512 4096 32768 --profile --out "$out/router" ;;

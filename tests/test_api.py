@@ -569,6 +569,56 @@ def test_gpu_cute_gemm1_on_token_rows_matches_the_gathered_copy(num_tokens, bias
     assert _within_2x_of_bf16_torch(out, layer, args, routing, activation)
 
 
+def tuned_test_cache(path, gpu: str, gemm2_default: bool = False):
+    """The tuning cache of test_gpu_cute_layer_with_a_tuning_cache (H = 256, I = 128, E = 16, bucket 1024): GEMM1's
+    entry is the family default (what `moe2cta tune` stores when the default wins), GEMM2's a 128x128 tile (or,
+    gemm2_default, the default too)."""
+    from moe2cta import planner, tuning
+
+    cache = tuning.TuningCache(path)
+    gemm2 = None if gemm2_default else planner.make_candidate("sm_90a", "single", 128, 128, 64, 4)
+    for kind, n, k, fields, candidate in (
+        (planner.GemmKind.GEMM1, 256, 256, dict(activation=Activation.SWIGLU), None),
+        (planner.GemmKind.GEMM2, 256, 128, dict(has_row_scale=True), gemm2),
+    ):
+        problem = tuning.bucket_problem(kind, 16, n, k, 1024, **fields)
+        candidate = candidate or tuning.family_default_candidate(problem, "sm_90a")
+        key = tuning.TuningKey(gpu, "bfloat16", 16, n, k, tuning.epilogue_name(kind, **fields), 1024)
+        cache.put(tuning.TuningEntry(key, candidate, 1e-4))
+    return cache
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_cute_layer_with_a_tuning_cache(tmp_path, monkeypatch):
+    """sm_90, a tuning cache for the batch's bucket: an entry that is the default's kernel runs as the default (GEMM1
+    on the token rows, bit-identical to the untuned layer); another tuned kernel runs (GEMM1 then gathers) and
+    matches fp64 within 2x of a bf16 torch run."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90 family's tuning path")
+    from moe2cta import tuning
+
+    layer, routing, activation, args = _sm90_cute_case(4096, 128, 29, False)  # 1024 rows per expert
+    cache = tuned_test_cache(tmp_path / "tuning.json", torch.cuda.get_device_name())
+    make_layer = lambda **kw: MoELayer(layer["w13"], layer["w2"], routing=routing, backend="cute", **kw)  # noqa: E731
+    untuned, tuned = make_layer(), make_layer(tuning_cache=cache)
+    g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", 256, 128, 16, 4, 4096, cache=cache)
+    assert source == "tuned (bucket 1024)" and g2.tile_n == 128
+    prepared = tuned.prepared
+    assert moe2cta.api._sm90_tuned_configs(prepared["module"], prepared["problems"], (g1, g2), 1024.0) == (None, g2)
+    out_untuned = untuned(layer["hidden"], layer["logits"])
+    out_tuned = tuned(layer["hidden"], layer["logits"])
+    assert _within_2x_of_bf16_torch(out_tuned, layer, args, routing, activation)
+    # both entries the defaults' kernels: the layer runs the untuned layer's kernels, GEMM1 on the token rows
+    token_rows_configs = []
+    real = moe2cta.api._token_rows_config
+    monkeypatch.setattr(moe2cta.api, "_token_rows_config",
+                        lambda *a: token_rows_configs.append(real(*a)) or token_rows_configs[-1])
+    defaults = tuned_test_cache(tmp_path / "defaults.json", torch.cuda.get_device_name(), gemm2_default=True)
+    assert torch.equal(make_layer(tuning_cache=defaults)(layer["hidden"], layer["logits"]), out_untuned)
+    assert len(token_rows_configs) == 1 and token_rows_configs[0] is not None
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("backend", ["cute", "auto"])

@@ -670,3 +670,41 @@ def test_router_bench_variant_specs():
         parse_variant("v3,lanes=4")
     with pytest.raises(ValueError, match="group_reduce: expected one of"):
         parse_variant("v3,groups=pairwise")
+
+
+def test_cute_tuned_backend_finds_its_cache_at_check_time(tmp_path, monkeypatch):
+    """cute-tuned reads MOE2CTA_TUNING_CACHE when checked (never at import) and says why it cannot run: no GPU,
+    no cache file, an empty cache."""
+    from moe2cta import planner, tuning
+
+    spec = BACKENDS["cute-tuned"]
+    assert spec.family is BackendFamily.OURS
+    ok, why = spec.availability(torch.device("cpu"))
+    assert not ok and "GPU" in why
+    monkeypatch.setattr(backends_mod, "_moe2cta_available", lambda *_: (lambda device: (True, "")))
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("MOE2CTA_TUNING_CACHE", str(path))
+    ok, why = spec.availability(torch.device("cuda"))
+    assert not ok and str(path) in why and "no tuning cache" in why
+    path.write_text(json.dumps(tuning.TuningCache(path).to_json()))
+    ok, why = spec.availability(torch.device("cuda"))
+    assert not ok and "no entries" in why
+    cache = tuning.TuningCache(path)
+    key = tuning.TuningKey("G", "bfloat16", 4, 256, 256, "swiglu", 1)
+    cache.put(tuning.TuningEntry(key, planner.make_candidate("sm_90a", "single", 64, 64, 64, 4), 1e-5))
+    cache.save()
+    assert spec.availability(torch.device("cuda")) == (True, "")
+
+
+def test_placement_summary_separates_copies_from_rounds():
+    from moe2cta.serving_bench.layer_placement_probe import placement_summary
+
+    # two copies 10% apart, each steady: placement
+    s = placement_summary([[100.0, 101.0, 100.0, 101.0], [110.0, 111.0, 110.0, 111.0]])
+    assert s["median_us"] == [100.5, 110.5] and s["spread_between"] == pytest.approx(10 / 100.5)
+    assert s["spread_within"] == pytest.approx(1 / 100.5)
+    # equal copies whose rounds alternate: time, not placement
+    s = placement_summary([[100.0, 110.0, 100.0, 110.0], [100.0, 110.0, 100.0, 110.0]])
+    assert s["spread_between"] == 0 and s["spread_within"] == pytest.approx(10 / 105)
+    with pytest.raises(ValueError, match="times_us"):
+        placement_summary([[1.0]])

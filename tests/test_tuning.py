@@ -291,6 +291,43 @@ def test_kernel_configs_for_layer_tuned_vs_default(tmp_path):
 
 
 @needs_family
+def test_layer_runs_the_default_where_the_tuned_entry_is_the_default(tmp_path):
+    """A cached entry that is the family default's kernel for the batch is passed on as None (the default: GEMM1
+    then reads the token rows where that pays); another tuned kernel is kept; a swapped-operand default wins."""
+    from moe2cta import api
+
+    s90 = _family()
+    preset = get_preset("qwen3-30b-a3b")
+    dims = dict(hidden=preset.hidden, intermediate=preset.intermediate, num_experts=preset.num_experts,
+                top_k=preset.top_k)
+    problems = tuple(tune_cli.gemm_shapes(preset))
+    fam = tuple(tuning.sm90_problem(tuning.bucket_problem(kind, preset.num_experts, n, k, 512, **fields))
+                for kind, n, k, fields in problems)
+    cache = tuning.TuningCache(tmp_path / "c.json")
+    for (kind, n, k, fields), fam_problem in zip(problems, fam):
+        bucket_problem = tuning.bucket_problem(kind, preset.num_experts, n, k, 512, **fields)
+        default = tuning.family_default_candidate(bucket_problem, "sm_90a")
+        other = planner.make_candidate("sm_90a", "pair", 256, 256, 64, 4, pair_threshold=129)
+        winner = default if kind is planner.GemmKind.GEMM1 else other
+        key = tuning.TuningKey("NVIDIA H200", "bfloat16", preset.num_experts, n, k,
+                               tuning.epilogue_name(kind, **fields), 512)
+        cache.put(tuning.TuningEntry(key, winner, 1e-4))
+    tokens = 512 * preset.num_experts // preset.top_k  # 512 rows per expert
+    g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", num_tokens=tokens, cache=cache, gpu="NVIDIA H200",
+                                                     **dims)
+    assert source == "tuned (bucket 512)" and g1 is not None and g2.work_unit is WorkUnit.PAIR
+    rows = tokens * preset.top_k / preset.num_experts
+    default1 = s90.default_config(fam[0], rows_per_expert=rows)
+    assert g1 != default1  # stages resolved, pair_threshold 0: equal as a kernel run, not as a dataclass
+    assert s90.kernel_key(g1, fam[0]) == s90.kernel_key(default1, fam[0]) and g1.work_unit is WorkUnit.SINGLE
+    assert api._sm90_tuned_configs(s90, fam, (g1, g2), rows) == (None, g2)
+    assert api._sm90_tuned_configs(s90, fam, (None, None), rows) == (None, None)
+    # one row per expert: the swapped-operand decode kernel is the default, whatever the cache holds
+    assert s90.default_overrides_tuning(fam[0], 1.0)
+    assert api._sm90_tuned_configs(s90, fam, (g1, g2), 1.0) == (None, None)
+
+
+@needs_family
 def test_kernel_configs_for_layer_accepts_torch_dtype_and_activation(tmp_path):
     torch = pytest.importorskip("torch")
     cache = tuning.TuningCache(tmp_path / "c.json")
