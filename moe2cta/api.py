@@ -592,7 +592,7 @@ def _sm90_tuned_configs(module, problems, tuned, rows_per_expert):
     there hold a regular kernel that the swapped one was measured to beat, docs/perf-notes-sm90.md v5, v9). A
     tuned entry that is the very kernel the default runs for this batch becomes None too, so that GEMM1 reads the
     token rows where that pays, as the untuned layer does (`moe2cta tune` times its candidates on the gathered
-    copy). Memoized lookups only: nothing is built per forward."""
+    copy). Host work only (memoized defaults, two key comparisons), no GPU work."""
     if any(module.default_overrides_tuning(p, rows_per_expert) for p in problems):
         return None, None
 
