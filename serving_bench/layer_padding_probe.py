@@ -24,6 +24,7 @@ from moe2cta import Backend, MoELayer, api
 from moe2cta.presets import get_preset
 
 from .backends import make_expert_weights
+from .timing import interleaved_rounds
 
 __all__ = ["main"]
 
@@ -78,20 +79,8 @@ def probe_cell(layer: MoELayer, preset, tokens: int, contents, rounds: int) -> d
         router.gather = real_gather
         current["out"] = None
     identical = all(torch.equal(outputs[c, i], outputs[contents[0], i]) for c in contents for i in range(COPIES))
-    times = {c: [] for c in contents}
-    order = [(c, i) for c in contents for i in range(COPIES)]
-    starts = [torch.cuda.Event(enable_timing=True) for _ in order]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in order]
-    for r in range(rounds):
-        rotated = order[r % len(order):] + order[:r % len(order)]  # a different content first each round
-        for (c, i), s, e in zip(rotated, starts, ends):
-            s.record()
-            graphs[c, i][0].replay()
-            e.record()
-        torch.cuda.synchronize()
-        for (c, i), s, e in zip(rotated, starts, ends):
-            times[c].append(s.elapsed_time(e) * 1e3)
-    med = {c: statistics.median(v) for c, v in times.items()}
+    per_graph = interleaved_rounds({key: graph.replay for key, (graph, _) in graphs.items()}, rounds)
+    med = {c: statistics.median(t for i in range(COPIES) for t in per_graph[c, i]) for c in contents}
     return {"model": preset.name, "tokens": tokens, "runs": layer.backend_for(tokens).value,
             "median_us": med, "identical_outputs": identical}
 

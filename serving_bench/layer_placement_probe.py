@@ -25,6 +25,8 @@ from moe2cta import Backend, MoELayer, W13Layout, pack_gate_up_rows
 from moe2cta.presets import get_preset
 
 from .backends import make_expert_weights
+from .layer_profile import capture_forward
+from .timing import interleaved_rounds
 
 __all__ = ["main", "placement_summary"]
 
@@ -54,35 +56,14 @@ def probe_cell(layers: list[MoELayer], preset, tokens: int, rounds: int) -> dict
     gen = torch.Generator(device="cpu").manual_seed(tokens)
     inputs = [(torch.randn(tokens, preset.hidden, generator=gen).to(dev, torch.bfloat16),
                torch.randn(tokens, preset.num_experts, generator=gen).to(dev)) for _ in range(INPUTS)]
-    graphs, outputs = {}, {}
-    for c, layer in enumerate(layers):
-        for i, (hidden, logits) in enumerate(inputs):
-            for _ in range(2):
-                layer(hidden, logits)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                y = layer(hidden, logits)
-            graph.replay()
-            torch.cuda.synchronize()
-            graphs[c, i] = graph
-            outputs[c, i] = y.clone()
-    identical = all(torch.equal(outputs[c, i], outputs[0, i]) for c in range(len(layers)) for i in range(INPUTS))
-    order = [(c, i) for i in range(INPUTS) for c in range(len(layers))]
-    starts = [torch.cuda.Event(enable_timing=True) for _ in order]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in order]
-    per_round = [[[] for _ in range(rounds)] for _ in layers]  # [copy][round] -> times of its inputs
-    for r in range(rounds):
-        shift = r % len(layers)  # another copy first each round
-        rotated = [((c + shift) % len(layers), i) for c, i in order]
-        for (c, i), s, e in zip(rotated, starts, ends):
-            s.record()
-            graphs[c, i].replay()
-            e.record()
-        torch.cuda.synchronize()
-        for (c, i), s, e in zip(rotated, starts, ends):
-            per_round[c][r].append(s.elapsed_time(e) * 1e3)
-    times = [[statistics.median(v) for v in rows] for rows in per_round]
+    pool = torch.cuda.graph_pool_handle()  # replayed one at a time: one pool
+    graphs = {(c, i): capture_forward(layer, *args, pool=pool)
+              for i, args in enumerate(inputs) for c, layer in enumerate(layers)}
+    outputs = [[layer(*args) for args in inputs] for layer in layers]
+    identical = all(torch.equal(out, ref) for per_copy in outputs for out, ref in zip(per_copy, outputs[0]))
+    per_graph = interleaved_rounds({key: graph.replay for key, graph in graphs.items()}, rounds)
+    times = [[statistics.median(per_graph[c, i][r] for i in range(INPUTS)) for r in range(rounds)]
+             for c in range(len(layers))]
     return {"model": preset.name, "tokens": tokens, "runs": layers[0].backend_for(tokens).value,
             "identical_outputs": identical, "times_us": times, **placement_summary(times)}
 

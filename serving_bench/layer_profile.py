@@ -48,8 +48,9 @@ class EagerForward:
         self.layer(self.hidden, self.logits)
 
 
-def capture_forward(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of one forward, captured after warm-up forwards on a side stream (as timing.py captures)."""
+def capture_forward(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, pool=None) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one forward, captured after warm-up forwards on a side stream (as timing.py captures); pool:
+    a graph memory pool to share with graphs that are replayed one at a time (torch.cuda.graph_pool_handle())."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -58,7 +59,7 @@ def capture_forward(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         layer(hidden, logits)
     torch.cuda.synchronize()
     return graph

@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["GraphCapture", "TimingMode", "TimingConfig", "TimingResult", "time_callable", "rotation_count"]
+__all__ = ["GraphCapture", "TimingMode", "TimingConfig", "TimingResult", "time_callable", "rotation_count",
+           "interleaved_rounds"]
 
 
 class GraphCapture(enum.Enum):
@@ -158,6 +159,27 @@ def _event_samples(runners, n: int) -> list[float]:
         ends[i].record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+
+
+def interleaved_rounds(replays: dict, rounds: int) -> dict:
+    """{key: [us per round]}: every replay once per round, between two CUDA events, in the dict's order rotated by
+    one more place each round (another replay first each time), so that clock and power drift fall on all keys
+    alike. The A/B probes' timing (layer_padding_probe, layer_placement_probe)."""
+    order = list(replays)
+    times = {key: [] for key in order}
+    starts = [torch.cuda.Event(enable_timing=True) for _ in order]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in order]
+    for r in range(rounds):
+        rotated = order[r % len(order):] + order[:r % len(order)]
+        _gpu_sleep(len(order) * 20e-6)
+        for key, start, end in zip(rotated, starts, ends):
+            start.record()
+            replays[key]()
+            end.record()
+        torch.cuda.synchronize()
+        for key, start, end in zip(rotated, starts, ends):
+            times[key].append(start.elapsed_time(end) * 1e3)
+    return times
 
 
 def _time_cuda(fn, inputs, config: TimingConfig, capture: GraphCapture) -> TimingResult:
