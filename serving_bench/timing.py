@@ -165,6 +165,10 @@ def interleaved_rounds(replays: dict, rounds: int) -> dict:
     """{key: [us per round]}: every replay once per round, between two CUDA events, in the dict's order rotated by
     one more place each round (another replay first each time), so that clock and power drift fall on all keys
     alike. The A/B probes' timing (layer_padding_probe, layer_placement_probe)."""
+    if not replays:
+        raise ValueError("replays: expected at least one replay")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
     order = list(replays)
     times = {key: [] for key in order}
     starts = [torch.cuda.Event(enable_timing=True) for _ in order]

@@ -708,3 +708,12 @@ def test_placement_summary_separates_copies_from_rounds():
     assert s["spread_between"] == 0 and s["spread_within"] == pytest.approx(10 / 105)
     with pytest.raises(ValueError, match="times_us"):
         placement_summary([[1.0]])
+
+
+def test_interleaved_rounds_names_bad_arguments():
+    from moe2cta.serving_bench.timing import interleaved_rounds
+
+    with pytest.raises(ValueError, match="replays"):
+        interleaved_rounds({}, 3)
+    with pytest.raises(ValueError, match="rounds"):
+        interleaved_rounds({"a": lambda: None}, 0)
