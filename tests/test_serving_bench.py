@@ -717,3 +717,12 @@ def test_interleaved_rounds_names_bad_arguments():
         interleaved_rounds({}, 3)
     with pytest.raises(ValueError, match="rounds"):
         interleaved_rounds({"a": lambda: None}, 0)
+
+
+def test_placement_probe_names_bad_arguments(capsys):
+    from moe2cta.serving_bench import layer_placement_probe
+
+    for flag in ("--copies", "--rounds"):
+        with pytest.raises(SystemExit):
+            layer_placement_probe.main(["--models", "qwen3-30b-a3b", "--tokens", "8", flag, "1"])
+        assert flag in capsys.readouterr().err
