@@ -21,7 +21,7 @@ from .backends import BACKENDS, DEFAULT_CPU_BACKENDS, DEFAULT_GPU_BACKENDS
 from .distributions import DistributionKind, RoutingDistribution
 from .floors import DEFAULT_CEILINGS, CeilingSource, Ceilings, measure_ceilings
 from .progress import Progress, ProgressStyle
-from .runner import RunConfig, run_benchmark
+from .runner import BackendOrder, RunConfig, run_benchmark
 from .timing import TimingConfig
 from .trace import TraceConfig, bucket_tokens
 
@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-samples", type=int, default=300)
     m.add_argument("--check-rows", type=int, default=256, help="token rows checked against the fp32 reference")
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--order", choices=[o.value for o in BackendOrder], default=BackendOrder.INTERLEAVED.value,
+                   help="interleaved: every cell times its backends in the same rounds (no drift between them); "
+                        "sequential: one backend at a time, freed before the next (least memory)")
     t = p.add_argument_group("serving trace")
     t.add_argument("--trace-requests", type=int, help="requests (default 200; CPU 24)")
     t.add_argument("--trace-rate", type=float, help="Poisson arrivals per second (default 8)")
@@ -176,7 +179,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
     if not on_gpu and dtype is torch.float32 and not args.dtype:
         notes.append("CPU run in fp32 (bf16 matmuls are ~10x slower on CPUs without bf16 units); pass --dtype bf16 to force.")
     run = RunConfig(tuple(models), tuple(tokens), distributions, backends, device, ceilings, timing, trace,
-                    args.seed, args.check_rows, dtype)
+                    args.seed, args.check_rows, dtype, BackendOrder(args.order))
     if trace is not None and trace.token_budget > 1 << 17:
         raise ValueError("--trace-budget: expected <= 131072 tokens per step")
     return run, notes

@@ -17,7 +17,9 @@ METHOD = (
     "Each backend is first checked against an fp32 reference of the whole layer on sampled rows (tolerance: "
     "2x the error of a same-dtype torch run); a wrong backend is reported, not timed. GPU timing: warm-up, one CUDA graph "
     "per rotated input (inputs rotated so they do not sit in L2; every preset's weights exceed L2), replayed "
-    "round-robin between CUDA events; median and percentiles over replays. Backends that sync with the host "
+    "round-robin between CUDA events; median and percentiles over replays. With the interleaved backend order "
+    "(default) every cell replays all of its backends in the same rounds, each round in another order, so their "
+    "ratios carry no clock or power drift between them. Backends that sync with the host "
     "are timed eagerly with events. floor = max((bytes of the experts hit + activations) / copy bandwidth, "
     "2*T*k*3*H*I / bf16 matmul peak), experts hit from the actual routing of the timed inputs."
 )
@@ -170,6 +172,7 @@ def _header_lines(bench: BenchResults) -> list[str]:
         f"ceilings: {cfg.ceilings.describe()}",
         f"targets (moe2cta triton / cute / auto): {TARGETS.describe()}; '*' marks such a cell above its target",
         "routing distributions: " + "; ".join(f"{d.label} = {d.describe()}" for d in cfg.distributions),
+        f"backend order: {cfg.order.describe()}",
     ]
     if cfg.device.type != "cuda":
         lines.insert(0, "NOTE: no CUDA GPU: CPU run of the torch backends; times are CPU times and the floors are "
@@ -280,6 +283,7 @@ def results_json(bench: BenchResults) -> dict:
         "backends": {n: {"available": bench.availability[n][0], "reason": bench.availability[n][1],
                          "kind": BACKENDS[n].family.value, "description": BACKENDS[n].description} for n in cfg.backends},
         "timing": _jsonable(cfg.timing),
+        "backend_order": cfg.order.value,
         "loads": [{"model": m, "distribution": d, "tokens": t} | _jsonable(load) | {"imbalance": load.imbalance}
                   for (m, d, t), load in bench.loads.items()],
         "results": results,

@@ -2,8 +2,17 @@
 
 For each model: weights are made once (one copy). Every case's inputs are made once and shared by all
 backends: rotated (hidden, router logits) pairs, the routing of each (benchmark twin) for the floor, and
-the fp32 reference rows of the first pair. Then one backend at a time is built (it may prepack), run on
-every case (correctness first; a wrong backend is reported and not timed) and freed.
+the fp32 reference rows of the first pair. Then the backends are built (each may prepack) and run on every
+case: correctness first (a wrong backend is reported and not timed), then the timing.
+
+BackendOrder says how the backends share the card:
+- INTERLEAVED (default): the model's backends are built together, and each case times all of them in the same
+  rounds (timing.time_interleaved), so that their ratios carry no clock or power drift between them. Where the
+  card cannot hold every backend's prepared weights at once, a build that runs out of memory closes the group:
+  the backends built so far run every case, are freed, and the next group starts with that backend. Each result
+  names the backends it was timed with.
+- SEQUENTIAL: one backend at a time over every case, freed before the next (least memory; ratios between
+  backends then carry the drift of the minutes between them).
 
 Isolation: any exception in a backend's build, check or timing is recorded for that case and the run goes
 on. If the CUDA context itself is lost (a kernel fault is sticky), the remaining cases are marked as not
@@ -29,10 +38,11 @@ from .correctness import CheckStatus, ReferenceRows, check_output, make_referenc
 from .distributions import LoadSummary, RoutingDistribution, make_router_logits, summarize_load
 from .floors import TARGETS, Ceilings, moe_floor
 from .routing_twin import route_twin
-from .timing import TimingConfig, rotation_count, time_callable
+from .timing import GraphCapture, TimingConfig, rotation_count, time_interleaved
 from .trace import Step, StepLatency, TraceConfig, TraceStats, step_latencies, trace_stats
 
 __all__ = [
+    "BackendOrder",
     "CaseStatus",
     "CaseResult",
     "TraceResult",
@@ -51,6 +61,17 @@ class CaseStatus(enum.Enum):
     UNSUPPORTED = "unsupported"  # the backend says it cannot run this model
     UNAVAILABLE = "unavailable"  # the backend cannot run on this machine
     NOT_RUN = "not run"  # the CUDA context was lost earlier
+
+
+class BackendOrder(enum.Enum):
+    INTERLEAVED = "interleaved"  # a model's backends built together, each case timing them in the same rounds
+    SEQUENTIAL = "sequential"  # one backend at a time over every case, freed before the next
+
+    def describe(self) -> str:
+        if self is BackendOrder.INTERLEAVED:
+            return ("interleaved: every cell times its backends in the same rounds (order rotated each round), so "
+                    "ratios between backends carry no clock drift")
+        return "sequential: one backend at a time over every cell (ratios between backends carry the clock's drift)"
 
 
 @dataclasses.dataclass
@@ -76,6 +97,7 @@ class CaseResult:
     tolerance: float | None = None
     samples_us: tuple[float, ...] = ()
     build_note: str = ""  # e.g. MoELayer.backend_reason: which backend AUTO chose and why
+    timed_with: tuple[str, ...] = ()  # the backends timed in the same rounds (this one included)
 
     @property
     def ratio(self) -> float | None:
@@ -111,6 +133,7 @@ class RunConfig:
     seed: int = 0
     check_rows: int = 256
     dtype: torch.dtype = torch.bfloat16  # weights and activations
+    order: BackendOrder = BackendOrder.INTERLEAVED
 
     def __post_init__(self):
         if not self.models:
@@ -128,6 +151,8 @@ class RunConfig:
             raise ValueError(f"dtype: expected bfloat16, float16 or float32, got {self.dtype}")
         if any(t < 1 for t in self.sweep_tokens):
             raise ValueError(f"sweep_tokens: expected positive token counts, got {self.sweep_tokens}")
+        if not isinstance(self.order, BackendOrder):
+            raise TypeError(f"order: expected a BackendOrder, got {self.order!r}")
 
 
 @dataclasses.dataclass
@@ -242,7 +267,8 @@ def _free(device: torch.device) -> None:
             pass
 
 
-def _run_case(fn, spec, preset, case: _CaseData, run: RunConfig, base: dict) -> CaseResult:
+def _check(fn, spec, preset, case: _CaseData, run: RunConfig, base: dict):
+    """The first call against the fp32 reference: (None, verdict) if it passed, else (CaseResult, None)."""
     try:
         out = fn(*case.inputs[0])
         verdict = check_output(out, case.reference, case.tokens, preset.hidden)
@@ -250,32 +276,76 @@ def _run_case(fn, spec, preset, case: _CaseData, run: RunConfig, base: dict) -> 
     except Exception as exc:
         if not _cuda_alive(run.device):
             raise _DeviceLost(f"{spec.name} on {preset.name} T={case.tokens}: {_short(exc)}") from exc
-        return CaseResult(**base, status=CaseStatus.ERROR, reason=f"first call raised {_short(exc)}")
+        return CaseResult(**base, status=CaseStatus.ERROR, reason=f"first call raised {_short(exc)}"), None
     if verdict.status is CheckStatus.FAIL:
         return CaseResult(**base, status=CaseStatus.WRONG, reason=verdict.reason, rel_err=verdict.rel_err,
-                          tolerance=verdict.tolerance)
-    try:
-        timing = time_callable(fn, case.inputs, run.device, run.timing, spec.graph_capture)
-    except Exception as exc:
-        if not _cuda_alive(run.device):
-            raise _DeviceLost(f"{spec.name} on {preset.name} T={case.tokens}: {_short(exc)}") from exc
-        return CaseResult(**base, status=CaseStatus.ERROR, reason=f"timing raised {_short(exc)}",
-                          rel_err=verdict.rel_err, tolerance=verdict.tolerance)
-    return CaseResult(
-        **base,
-        status=CaseStatus.OK,
-        reason="",
-        median_us=timing.median_us,
-        p10_us=timing.percentile(10),
-        p90_us=timing.percentile(90),
-        p99_us=timing.percentile(99),
-        mean_us=timing.mean_us,
-        timing_mode=timing.mode.value,
-        timing_note=timing.note,
-        rel_err=verdict.rel_err,
-        tolerance=verdict.tolerance,
-        samples_us=timing.samples_us,
-    )
+                          tolerance=verdict.tolerance), None
+    return None, verdict
+
+
+def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) -> list[CaseResult]:
+    """Every backend of the group on one case: checks, then the passing ones timed in the same rounds.
+    group: {name: (fn or None, status, reason, build note)}. Raises _DeviceLost (with the results so far attached)."""
+    results: dict[str, CaseResult] = {}
+    passed: dict[str, tuple] = {}  # name -> (fn, verdict, base)
+    for name, (fn, status, reason, note) in group.items():
+        spec = BACKENDS[name]
+        progress(f"{preset.name} T={case.tokens} {case.distribution.label} {name}")
+        base = dict(model=preset.name, distribution=case.distribution.label, tokens=case.tokens, backend=name,
+                    family=spec.family.value, experts_hit=case.experts_hit, floor_us=case.floor_us,
+                    floor_bound=case.floor_bound, build_note=note)
+        if fn is None:
+            results[name] = CaseResult(**base, status=status, reason=reason)
+            continue
+        try:
+            failed, verdict = _check(fn, spec, preset, case, run, base)
+        except _DeviceLost as exc:
+            results[name] = CaseResult(**base, status=CaseStatus.ERROR, reason=f"CUDA context lost: {exc}")
+            for n in list(group)[list(group).index(name) + 1:]:
+                progress(f"{preset.name} T={case.tokens} {case.distribution.label} {n}")
+            exc.results = [results[n] if n in results else _lost_case(preset, case, n, group[n], str(exc))
+                           for n in group]
+            raise
+        if failed is not None:
+            results[name] = failed
+        else:
+            passed[name] = (fn, verdict, base)
+    timings = {}
+    if passed:
+        timings = time_interleaved({n: p[0] for n, p in passed.items()}, case.inputs, run.device, run.timing,
+                                   {n: BACKENDS[n].graph_capture for n in passed})
+    timed_with = tuple(passed)
+    lost = None
+    for name, (fn, verdict, base) in passed.items():
+        timing = timings[name]
+        if isinstance(timing, BaseException):
+            if lost is None and not _cuda_alive(run.device):
+                lost = f"{name} on {preset.name} T={case.tokens}: {_short(timing)}"
+            results[name] = CaseResult(**base, status=CaseStatus.ERROR, reason=f"timing raised {_short(timing)}",
+                                       rel_err=verdict.rel_err, tolerance=verdict.tolerance, timed_with=timed_with)
+            continue
+        results[name] = CaseResult(
+            **base,
+            status=CaseStatus.OK,
+            reason="",
+            median_us=timing.median_us,
+            p10_us=timing.percentile(10),
+            p90_us=timing.percentile(90),
+            p99_us=timing.percentile(99),
+            mean_us=timing.mean_us,
+            timing_mode=timing.mode.value,
+            timing_note=timing.note,
+            rel_err=verdict.rel_err,
+            tolerance=verdict.tolerance,
+            samples_us=timing.samples_us,
+            timed_with=timed_with,
+        )
+    ordered = [results[n] for n in group]
+    if lost is not None:
+        exc = _DeviceLost(lost)
+        exc.results = ordered
+        raise exc
+    return ordered
 
 
 def _all_cases(preset, run, token_list, status, reason, progress) -> list[CaseResult]:
@@ -288,8 +358,13 @@ def _all_cases(preset, run, token_list, status, reason, progress) -> list[CaseRe
     return out
 
 
-def _build(spec, preset, weights, available: tuple[bool, str]):
-    """(callable or None, status, reason, build note); raises only _DeviceLost."""
+class _OutOfMemory(RuntimeError):
+    pass
+
+
+def _build(spec, preset, weights, available: tuple[bool, str], *, others_held: bool = False):
+    """(callable or None, status, reason, build note); raises _DeviceLost, and _OutOfMemory where the device ran
+    out of memory while other backends were held (others_held): the caller frees them and builds this one again."""
     ok, why = available
     if not ok:
         return None, CaseStatus.UNAVAILABLE, why, ""
@@ -298,11 +373,47 @@ def _build(spec, preset, weights, available: tuple[bool, str]):
         if not supported:
             return None, CaseStatus.UNSUPPORTED, why, ""
         fn = spec.build(preset, weights)
+    except torch.cuda.OutOfMemoryError as exc:
+        if others_held:
+            raise _OutOfMemory(_short(exc)) from None
+        return None, CaseStatus.ERROR, f"build raised {_short(exc)}", ""
     except Exception as exc:
         if not _cuda_alive(weights.w13.device):
             raise _DeviceLost(f"{spec.name} build on {preset.name}: {_short(exc)}") from exc
         return None, CaseStatus.ERROR, f"build raised {_short(exc)}", ""
     return fn, CaseStatus.OK, "", str(getattr(fn, "backend_reason", ""))
+
+
+def _build_group(pending: list, preset, weights, run: RunConfig, availability, lost):
+    """Build the next group of backends (popped from `pending`): one under SEQUENTIAL, else as many as the device
+    holds. Returns ({name: (fn or None, status, reason, note)}, lost)."""
+    group = {}
+    while pending and (run.order is BackendOrder.INTERLEAVED or not group):
+        name = pending[0]
+        if lost is not None:
+            group[name] = (None, CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})", "")
+            pending.pop(0)
+            continue
+        try:
+            group[name] = _build(BACKENDS[name], preset, weights, availability[name],
+                                 others_held=any(fn is not None for fn, *_ in group.values()))
+        except _OutOfMemory:
+            _free(run.device)
+            break  # the backends built so far run first; this one starts the next group
+        except _DeviceLost as exc:
+            lost = str(exc)
+            group[name] = (None, CaseStatus.ERROR, f"CUDA context lost: {exc}", "")
+        pending.pop(0)
+    return group, lost
+
+
+def _lost_case(preset, case: _CaseData, name: str, built: tuple, lost: str) -> CaseResult:
+    fn, status, reason, note = built
+    if fn is not None or status is CaseStatus.OK:
+        status, reason = CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})"
+    return CaseResult(model=preset.name, distribution=case.distribution.label, tokens=case.tokens, backend=name,
+                      family=BACKENDS[name].family.value, experts_hit=case.experts_hit, floor_us=case.floor_us,
+                      floor_bound=case.floor_bound, status=status, reason=reason, build_note=note)
 
 
 def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None) -> BenchResults:
@@ -340,40 +451,22 @@ def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None)
             cases = weights = None
             _free(run.device)
             continue
-        for name in run.backends:
-            spec = BACKENDS[name]
-            fn, status, reason, note = None, CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})", ""
-            if lost is None:
-                try:
-                    fn, status, reason, note = _build(spec, preset, weights, availability[name])
-                except _DeviceLost as exc:
-                    lost = str(exc)
-                    status, reason = CaseStatus.ERROR, f"CUDA context lost: {exc}"
+        pending = list(run.backends)
+        while pending:
+            group, lost = _build_group(pending, preset, weights, run, availability, lost)
             for case in cases:
-                progress(f"{preset.name} T={case.tokens} {case.distribution.label} {name}")
-                base = dict(
-                    model=preset.name,
-                    distribution=case.distribution.label,
-                    tokens=case.tokens,
-                    backend=name,
-                    family=spec.family.value,
-                    experts_hit=case.experts_hit,
-                    floor_us=case.floor_us,
-                    floor_bound=case.floor_bound,
-                    build_note=note,
-                )
-                if fn is None or lost is not None:
-                    if lost is not None and fn is not None:
-                        status, reason = CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})"
-                    results.append(CaseResult(**base, status=status, reason=reason))
+                if lost is not None:
+                    for name in group:
+                        progress(f"{preset.name} T={case.tokens} {case.distribution.label} {name}")
+                    results += [_lost_case(preset, case, name, group[name], lost) for name in group]
                     continue
                 try:
-                    results.append(_run_case(fn, spec, preset, case, run, base))
+                    results += _run_cell(group, preset, case, run, progress)
                 except _DeviceLost as exc:
                     lost = str(exc)
-                    results.append(CaseResult(**base, status=CaseStatus.ERROR, reason=f"CUDA context lost: {exc}"))
+                    results += exc.results
                 _free(run.device)
-            fn = None
+            group = None
             _free(run.device)
         cases = weights = None
         _free(run.device)

@@ -8,6 +8,10 @@ CUDA (the method of issue 7):
 3. replay: the graphs run round-robin, each replay between two CUDA events; a GPU sleep kernel first lets
    the host queue the replays ahead, so the events measure GPU time, not launch gaps;
 4. samples: one per replay, in microseconds; median and percentiles are taken over them.
+Several callables (the backends of one benchmark cell) are timed in the same rounds by `time_interleaved`: round r
+replays rotated input r of every callable, in an order rotated by one place each round, so that the card's clock
+and power drift fall on all of them alike and their ratios carry none of it. One callable alone is the plain
+round-robin above (`time_callable`).
 Rotation: the inputs (hidden states and router logits) come in several copies, enough that they do not
 stay in L2 between calls; weights are not copied (every preset's weights exceed the 50-60 MB L2, and
 rotated logits route each call to different experts).
@@ -24,8 +28,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["GraphCapture", "TimingMode", "TimingConfig", "TimingResult", "time_callable", "rotation_count",
-           "interleaved_rounds"]
+__all__ = ["GraphCapture", "TimingMode", "TimingConfig", "TimingResult", "time_callable", "time_interleaved",
+           "rotation_count", "interleaved_rounds"]
 
 
 class GraphCapture(enum.Enum):
@@ -96,34 +100,138 @@ def time_callable(
     config: TimingConfig = TimingConfig(),
     capture: GraphCapture = GraphCapture.TRY,
 ) -> TimingResult:
-    """Time fn(*inputs[i]) round-robin over the rotated inputs; see the module docstring."""
+    """Time fn(*inputs[i]) round-robin over the rotated inputs; see the module docstring. Raises what fn raises."""
+    result = time_interleaved({"fn": fn}, inputs, device, config, {"fn": capture})["fn"]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def time_interleaved(
+    fns: dict[str, Callable[..., object]],
+    inputs: Sequence[tuple],
+    device: torch.device,
+    config: TimingConfig = TimingConfig(),
+    captures: dict[str, GraphCapture] | None = None,
+) -> dict[str, TimingResult | Exception]:
+    """{name: TimingResult}: every fns[name](*inputs[i]) timed in the same rounds (module docstring), each with the
+    same number of samples. A callable that raises (warm-up, capture fallback or replay) gets its exception in place
+    of a result and leaves the rounds; the others go on. captures: GraphCapture per name (default TRY)."""
+    if not fns:
+        raise ValueError("fns: expected at least one callable")
     if not inputs:
         raise ValueError("inputs: expected at least one tuple of arguments")
-    device = torch.device(device)
-    if device.type == "cuda":
-        return _time_cuda(fn, inputs, config, capture)
-    return _time_cpu(fn, inputs, config)
+    captures = captures or {}
+    unknown = set(captures) - set(fns)
+    if unknown:
+        raise ValueError(f"captures: names {sorted(unknown)} are not in fns")
+    on_cuda = torch.device(device).type == "cuda"
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    failed: dict[str, Exception] = {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(config.warmup_calls):
+                for args in inputs:
+                    fn(*args)
+            sync()
+        except Exception as exc:
+            failed[name] = exc
+    runners, modes, notes = {}, {}, {}
+    pool = torch.cuda.graph_pool_handle() if on_cuda else None  # replayed one at a time: one pool for the cell
+    for name, fn in fns.items():
+        if name in failed:
+            continue
+        runners[name], modes[name], notes[name] = _runners(fn, inputs, on_cuda, captures.get(name, GraphCapture.TRY), pool)
+    samples = _rounds(runners, failed, config, on_cuda)
+    out: dict[str, TimingResult | Exception] = {}
+    for name in fns:
+        out[name] = failed[name] if name in failed else TimingResult(modes[name], tuple(samples[name]), notes[name])
+    return out
 
 
-def _time_cpu(fn, inputs, config: TimingConfig) -> TimingResult:
-    for _ in range(config.warmup_calls):
-        for args in inputs:
-            fn(*args)
-    start = time.perf_counter()
-    for args in inputs:
-        fn(*args)
-    estimate = (time.perf_counter() - start) / len(inputs)
-    samples = []
-    for n in range(_sample_count(estimate, config)):
-        args = inputs[n % len(inputs)]
-        start = time.perf_counter()
-        fn(*args)
-        samples.append((time.perf_counter() - start) * 1e6)
-    return TimingResult(TimingMode.CPU_CLOCK, tuple(samples))
+def _runners(fn, inputs, on_cuda: bool, capture: GraphCapture, pool):
+    """(replay callables, one per rotated input; mode; note)."""
+    eager = [lambda args=args: fn(*args) for args in inputs]
+    if not on_cuda:
+        return eager, TimingMode.CPU_CLOCK, ""
+    if capture is GraphCapture.NEVER:
+        return eager, TimingMode.CUDA_EVENTS, "backend syncs with the host; timed eagerly"
+    try:
+        graphs = _capture_graphs(fn, inputs, pool)
+    except Exception as exc:  # a backend that syncs inside: time it eagerly, say so
+        torch.cuda.synchronize()
+        text = str(exc).splitlines()[0][:120] if str(exc) else ""
+        return eager, TimingMode.CUDA_EVENTS, f"graph capture failed ({type(exc).__name__}: {text}); timed eagerly"
+    return [g.replay for g in graphs], TimingMode.CUDA_GRAPH, ""
 
 
-def _capture_graphs(fn, inputs) -> list:
-    """One CUDA graph per rotated input, sharing a memory pool; outputs are dropped (scratch only)."""
+def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) -> dict[str, list[float]]:
+    """Warm-up replays, an estimate of each runner's time, then the timed rounds; moves raisers into `failed`."""
+    estimates = {}
+    for name, calls in list(runners.items()):
+        try:
+            for call in calls:
+                call()
+            estimates[name] = float(np.median(_sample_rounds({name: calls}, max(3, len(calls)), on_cuda)[name])) * 1e-6
+        except Exception as exc:
+            failed[name] = exc
+            del runners[name]
+    if not runners:
+        return {}
+    rounds = _sample_count(float(np.mean(list(estimates.values()))), config)
+    while True:
+        try:
+            return _sample_rounds(runners, rounds, on_cuda)
+        except _RunnerFailed as exc:  # drop the raiser, time the rest again
+            failed[exc.name] = exc.cause
+            del runners[exc.name]
+            if not runners:
+                return {}
+
+
+class _RunnerFailed(Exception):
+    def __init__(self, name, cause):
+        super().__init__(name)
+        self.name, self.cause = name, cause
+
+
+def _sample_rounds(runners: dict, rounds: int, on_cuda: bool) -> dict[str, list[float]]:
+    """{name: one sample in us per round}; round r runs runners[name][r % len] for every name, starting at another name
+    each round; CUDA: all rounds queued behind a GPU sleep, between CUDA events; CPU: perf_counter around each call."""
+    order = list(runners)
+    plan = [(name, runners[name][r % len(runners[name])]) for r in range(rounds)
+            for name in order[r % len(order):] + order[:r % len(order)]]
+    if not on_cuda:
+        samples = {name: [] for name in order}
+        for name, call in plan:
+            start = time.perf_counter()
+            try:
+                call()
+            except Exception as exc:
+                raise _RunnerFailed(name, exc) from exc
+            samples[name].append((time.perf_counter() - start) * 1e6)
+        return samples
+    starts = [torch.cuda.Event(enable_timing=True) for _ in plan]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in plan]
+    _gpu_sleep(len(plan) * 20e-6)
+    for (name, call), start, end in zip(plan, starts, ends):
+        start.record()
+        try:
+            call()
+        except Exception as exc:
+            torch.cuda.synchronize()
+            raise _RunnerFailed(name, exc) from exc
+        end.record()
+    torch.cuda.synchronize()
+    samples = {name: [] for name in order}
+    for (name, _), start, end in zip(plan, starts, ends):
+        samples[name].append(start.elapsed_time(end) * 1e3)
+    return samples
+
+
+def _capture_graphs(fn, inputs, pool=None) -> list:
+    """One CUDA graph per rotated input, in one memory pool (`pool`, else a new one); outputs are dropped (scratch
+    only)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -131,7 +239,7 @@ def _capture_graphs(fn, inputs) -> list:
             fn(*args)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    pool = torch.cuda.graph_pool_handle()
+    pool = pool if pool is not None else torch.cuda.graph_pool_handle()
     graphs = []
     for args in inputs:
         graph = torch.cuda.CUDAGraph()
@@ -149,18 +257,6 @@ def _gpu_sleep(seconds: float) -> None:
         sleep(int(min(seconds, 0.05) * 2e9))
 
 
-def _event_samples(runners, n: int) -> list[float]:
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    _gpu_sleep(n * 20e-6)
-    for i in range(n):
-        starts[i].record()
-        runners[i % len(runners)]()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-
-
 def interleaved_rounds(replays: dict, rounds: int) -> dict:
     """{key: [us per round]}: every replay once per round, between two CUDA events, in the dict's order rotated by
     one more place each round (another replay first each time), so that clock and power drift fall on all keys
@@ -169,52 +265,7 @@ def interleaved_rounds(replays: dict, rounds: int) -> dict:
         raise ValueError("replays: expected at least one replay")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds: expected an int >= 1, got {rounds!r}")
-    order = list(replays)
-    times = {key: [] for key in order}
-    starts = [torch.cuda.Event(enable_timing=True) for _ in order]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in order]
-    for r in range(rounds):
-        rotated = order[r % len(order):] + order[:r % len(order)]
-        _gpu_sleep(len(order) * 20e-6)
-        for key, start, end in zip(rotated, starts, ends):
-            start.record()
-            replays[key]()
-            end.record()
-        torch.cuda.synchronize()
-        for key, start, end in zip(rotated, starts, ends):
-            times[key].append(start.elapsed_time(end) * 1e3)
-    return times
-
-
-def _time_cuda(fn, inputs, config: TimingConfig, capture: GraphCapture) -> TimingResult:
-    for _ in range(config.warmup_calls):
-        for args in inputs:
-            fn(*args)
-    torch.cuda.synchronize()
-    note = ""
-    graphs = None
-    if capture is GraphCapture.TRY:
-        try:
-            graphs = _capture_graphs(fn, inputs)
-        except Exception as exc:  # a backend that syncs inside: time it eagerly, say so
-            note = f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}); timed eagerly"
-            graphs = None
-            torch.cuda.synchronize()
-    else:
-        note = "backend syncs with the host; timed eagerly"
-    if graphs is not None:
-        runners = [g.replay for g in graphs]
-        mode = TimingMode.CUDA_GRAPH
-    else:
-        runners = [lambda args=args: fn(*args) for args in inputs]
-        mode = TimingMode.CUDA_EVENTS
     try:
-        for run in runners:  # replay warm-up
-            run()
-        estimate = float(np.median(_event_samples(runners, max(3, len(runners))))) * 1e-6
-        samples = _event_samples(runners, _sample_count(estimate, config))
-    finally:
-        del runners
-        graphs = None
-        torch.cuda.synchronize()
-    return TimingResult(mode, tuple(samples), note)
+        return _sample_rounds({key: [replay] for key, replay in replays.items()}, rounds, on_cuda=True)
+    except _RunnerFailed as exc:
+        raise exc.cause from None

@@ -357,19 +357,112 @@ def test_run_reports_and_plots(tmp_path, extra_backends):
 
 def test_lost_cuda_context_stops_the_run_but_keeps_results(monkeypatch, extra_backends):
     from moe2cta.serving_bench import runner
-    from moe2cta.serving_bench.runner import CaseStatus, RunConfig, run_benchmark
+    from moe2cta.serving_bench.runner import BackendOrder, CaseStatus, RunConfig, run_benchmark
 
     monkeypatch.setattr(runner, "_cuda_alive", lambda device: False)  # as after a sticky kernel fault
     run = RunConfig(models=(custom_preset(TINY), custom_preset("32,16,4,2")), sweep_tokens=(1, 2),
                     distributions=(RoutingDistribution.parse("uniform"),), backends=("torch-loop", "boom", "grouped-mm"),
-                    device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS, timing=FAST_TIMING, dtype=torch.float32)
-    bench = run_benchmark(run)
+                    device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS, timing=FAST_TIMING, dtype=torch.float32,
+                    order=BackendOrder.SEQUENTIAL)
+    labels = []
+    bench = run_benchmark(run, labels.append)
     status = [(r.model, r.backend, r.tokens, r.status) for r in bench.results]
-    assert len(status) == 2 * 3 * 2
+    assert len(status) == len(labels) == 2 * 3 * 2
     assert status[:3] == [("custom-64-32-8-2", "torch-loop", 1, CaseStatus.OK), ("custom-64-32-8-2", "torch-loop", 2, CaseStatus.OK),
                           ("custom-64-32-8-2", "boom", 1, CaseStatus.ERROR)]
     assert "CUDA context lost" in bench.results[2].reason
     assert all(r.status is CaseStatus.NOT_RUN for r in bench.results[3:])
+
+    # interleaved: the cell that loses the context still reports its other backends; everything after it is not run
+    labels = []
+    bench = run_benchmark(dataclasses.replace(run, order=BackendOrder.INTERLEAVED), labels.append)
+    status = [(r.model, r.tokens, r.backend, r.status) for r in bench.results]
+    assert len(status) == len(labels) == 2 * 3 * 2
+    assert status[:3] == [("custom-64-32-8-2", 1, "torch-loop", CaseStatus.NOT_RUN),
+                          ("custom-64-32-8-2", 1, "boom", CaseStatus.ERROR),
+                          ("custom-64-32-8-2", 1, "grouped-mm", CaseStatus.NOT_RUN)]
+    assert "CUDA context lost" in bench.results[1].reason
+    assert all(r.status is CaseStatus.NOT_RUN for r in bench.results[3:])
+
+
+def _logging_backend(name, log, *, oom_builds=0, held=None):
+    """A correct backend (the grouped-mm peer) that logs its calls; its first `oom_builds` builds raise
+    torch.cuda.OutOfMemoryError while `held` (a list of live backend names) is not empty."""
+    grouped = BACKENDS["grouped-mm"]
+    builds = []
+
+    def build(preset, weights):
+        builds.append(name)
+        if len(builds) <= oom_builds and held:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+        inner = grouped.build(preset, weights)
+
+        class Forward:  # held in `held` while the runner keeps it
+            def __init__(self):
+                if held is not None:
+                    held.append(name)
+
+            def __call__(self, hidden, logits):
+                log.append(name)
+                return inner(hidden, logits)
+
+            def __del__(self):
+                if held is not None and name in held:
+                    held.remove(name)
+
+        return Forward()
+
+    spec = BackendSpec(name, BackendFamily.PEER, "logs its calls", GraphCapture.TRY, lambda device: (True, ""), build)
+    return spec, builds
+
+
+def test_interleaved_order_times_a_cells_backends_in_the_same_rounds(monkeypatch, extra_backends):
+    from moe2cta.serving_bench.report import results_json, terminal_report
+    from moe2cta.serving_bench.runner import BackendOrder, CaseStatus, RunConfig, run_benchmark
+
+    log = []
+    for name in ("log-a", "log-b"):
+        monkeypatch.setitem(BACKENDS, name, _logging_backend(name, log)[0])
+    run = RunConfig(models=(custom_preset(TINY),), sweep_tokens=(1, 4), distributions=(RoutingDistribution.parse("uniform"),),
+                    backends=("log-a", "wrong", "log-b"), device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS,
+                    timing=FAST_TIMING, dtype=torch.float32)
+    assert run.order is BackendOrder.INTERLEAVED  # the default
+    bench = run_benchmark(run)
+    assert [(r.tokens, r.backend) for r in bench.results] == [(t, b) for t in (1, 4) for b in ("log-a", "wrong", "log-b")]
+    ok = [r for r in bench.results if r.status is CaseStatus.OK]
+    assert [r.backend for r in ok] == ["log-a", "log-b"] * 2
+    assert all(r.timed_with == ("log-a", "log-b") for r in ok)  # the wrong backend is checked, not timed
+    for t in (1, 4):
+        a, b = (r for r in ok if r.tokens == t)
+        assert len(a.samples_us) == len(b.samples_us) >= FAST_TIMING.min_samples
+    # the timed rounds alternate: each round runs both backends, starting with another one each time
+    rounds = "".join(name[-1] for name in log)
+    assert "abba" in rounds and "baab" in rounds
+    assert "interleaved" in terminal_report(bench) and results_json(bench)["backend_order"] == "interleaved"
+    with pytest.raises(TypeError, match="order"):
+        dataclasses.replace(run, order="interleaved")
+
+
+def test_interleaved_order_splits_the_backends_where_memory_runs_out(monkeypatch):
+    from moe2cta.serving_bench.runner import CaseStatus, RunConfig, run_benchmark
+
+    log, held = [], []
+    spec_a, _ = _logging_backend("log-a", log, held=held)
+    spec_b, builds_b = _logging_backend("log-b", log, oom_builds=1, held=held)
+    spec_c, _ = _logging_backend("log-c", log, held=held)
+    for spec in (spec_a, spec_b, spec_c):
+        monkeypatch.setitem(BACKENDS, spec.name, spec)
+    run = RunConfig(models=(custom_preset(TINY),), sweep_tokens=(1, 2), distributions=(RoutingDistribution.parse("uniform"),),
+                    backends=("log-a", "log-b", "log-c"), device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS,
+                    timing=FAST_TIMING, dtype=torch.float32)
+    bench = run_benchmark(run)
+    assert all(r.status is CaseStatus.OK for r in bench.results) and len(bench.results) == 6
+    # log-b ran out of memory beside log-a: log-a ran alone, then log-b (built again) and log-c together
+    assert builds_b == ["log-b", "log-b"]
+    assert {r.backend: r.timed_with for r in bench.results} == {
+        "log-a": ("log-a",), "log-b": ("log-b", "log-c"), "log-c": ("log-b", "log-c")}
+    assert [(r.backend, r.tokens) for r in bench.results] == [("log-a", 1), ("log-a", 2), ("log-b", 1), ("log-c", 1),
+                                                              ("log-b", 2), ("log-c", 2)]
 
 
 def test_cli_runs_on_cpu(tmp_path, capsys):
@@ -436,6 +529,31 @@ def test_gpu_ceilings_and_graph_timing():
     result = time_callable(fn, inputs, torch.device("cuda"), FAST_TIMING, GraphCapture.TRY)
     assert result.mode is TimingMode.CUDA_GRAPH, result.note
     assert all(math.isfinite(s) and s > 0 for s in result.samples_us)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_interleaved_timing_keeps_each_callables_own_time():
+    """Two matmuls, one 8x the FLOPs of the other, timed in the same rounds: both replay from graphs, get the same
+    number of samples, and their medians stand about 8x apart (each sample is its own callable's, not a neighbour's);
+    a callable that syncs with the host is timed eagerly beside them."""
+    from moe2cta.serving_bench.timing import time_interleaved
+
+    small = [(torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16),) for _ in range(2)]
+    large = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def syncing(x):
+        y = x @ x
+        torch.cuda.synchronize()
+        return y
+
+    timing = TimingConfig(warmup_calls=1, min_samples=20, max_samples=40, target_seconds=0.05, max_rotation=2)
+    out = time_interleaved({"small": lambda x: x @ x, "large": lambda x: large @ large, "syncing": syncing}, small,
+                           torch.device("cuda"), timing)
+    assert out["small"].mode is TimingMode.CUDA_GRAPH and out["large"].mode is TimingMode.CUDA_GRAPH
+    assert out["syncing"].mode is TimingMode.CUDA_EVENTS and "timed eagerly" in out["syncing"].note
+    assert len({len(r.samples_us) for r in out.values()}) == 1 and len(out["small"].samples_us) >= 20
+    assert 4.0 < out["large"].median_us / out["small"].median_us < 12.0
 
 
 # ------------------------------------------------------------------------------------------ prefill GEMM bench
