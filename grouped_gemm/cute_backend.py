@@ -80,9 +80,10 @@ The per-unit expert search (binary search over row_offsets) reads SMEM copies ma
 Schedulers: STATIC (unit = cluster id + i * clusters) or DYNAMIC (the producer's lane 0 of each cluster's
 rank 0 takes units from a global atomic counter one unit ahead and hands them to the consumers, and to
 rank 1, through the scheduler pipeline; both CTAs of a cluster so always work on the same unit). The
-counter needs no host reset: every fetching CTA adds one to a finish count after its last fetch, and the
-last one to finish zeroes both words for the next launch (launches that share a workspace must be
-stream-ordered).
+host wrapper (sm90_grouped_gemm._launch_scratch) zeroes a fresh workspace for every launch in stream order, so
+no state outlives a launch or a graph replay; in the kernel, every fetching CTA adds one to a finish count after
+its last fetch, and the last one to finish zeroes both words again (callers that pass one workspace to several
+launches must keep them stream-ordered).
 
 Limits: bf16/fp16, K-major A and B, K % 8 == 0 (TMA zero-fills a partial last K tile; A_TOKEN_ROWS: K % tile_k
 == 0, tile_k a multiple of 64, and every a_rows entry below T * rows_per_token), N % 16 == 0 (a partial last

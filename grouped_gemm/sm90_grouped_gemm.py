@@ -761,7 +761,6 @@ def _compile(cute, entry, options, args):
 
 # ---------------------------------------------------------------------------------------------- host API
 _CACHES: dict = {}  # bundle directory (None: kernel_dir() at call time) -> KernelCache
-_SCRATCH: dict = {}
 
 
 def _cache_for(directory) -> KernelCache:
@@ -771,22 +770,20 @@ def _cache_for(directory) -> KernelCache:
     return _CACHES[key]
 
 
-def _scratch(device: torch.device):
-    """Per-stream workspace (DYNAMIC scheduler counter, zero at rest) and 1-element dummies.
+def _launch_scratch(config, device: torch.device):
+    """(workspace, dummy bias, dummy row scale) for one launch.
 
-    DYNAMIC launches that share a counter must be stream-ordered; one counter per (device, stream) makes
-    launches on concurrent streams safe. (A launch captured into a CUDA graph keeps the capturing
-    stream's counter; replays of one graph must not overlap, as for any graph's buffers.) STATIC launches
-    do not touch it.
+    The DYNAMIC scheduler's workspace (unit counter, done count) is zeroed here for every launch: inside a CUDA
+    graph the zeroing is the graph's own memset node, so no state outlives a replay, and graphs may share a memory
+    pool with any other graphs and replay in any order (a per-stream counter made once inside a capture lay in
+    pool memory that another graph of the same pool reused as scratch: that graph's replays overwrote it and the
+    GEMM skipped its tiles; tests/test_graph_pools.py). STATIC launches never touch it, and the dummies are
+    never read (their epilogue flags are off): none of those is initialized.
     """
-    key = (device.type, device.index, torch.cuda.current_stream(device).cuda_stream)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = (
-            torch.zeros(4, dtype=torch.int32, device=device),
-            torch.zeros(1, 1, dtype=torch.float32, device=device),
-            torch.zeros(1, dtype=torch.float32, device=device),
-        )
-    return _SCRATCH[key]
+    dynamic = config.scheduler is Scheduler.DYNAMIC
+    workspace = (torch.zeros if dynamic else torch.empty)(4, dtype=torch.int32, device=device)
+    return (workspace, torch.empty(1, 1, dtype=torch.float32, device=device),
+            torch.empty(1, dtype=torch.float32, device=device))
 
 
 def _check_common(a, w, row_offsets, counts, name_w):
@@ -818,7 +815,7 @@ def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, direc
     key = kernel_key(config, problem)
     kernel = _cache_for(directory).get(key, lambda: compile_kernel(config, problem),
                                        request=lambda: kernel_request(config, problem))
-    workspace, dummy_bias, dummy_scale = _scratch(a.device)
+    workspace, dummy_bias, dummy_scale = _launch_scratch(config, a.device)
     operands = (a, w) if a_rows is None else (a, a_rows, w)
     tail = (int(config.pair_threshold),) if a_rows is None else (int(config.pair_threshold), int(rows_per_token))
     kernel(

@@ -17,8 +17,8 @@ expert of an m_tile is the number of experts whose tile range ends at or before 
 tile_offsets[1:], loaded once per program). Row of the tile: row_offsets[e] + local_tile * block_m.
 The grid is persistent: min(num_SMs * programs_per_sm, a static bound on tiles) programs take the linear
 tile ids, STATIC (program p: p, p + programs, ...) or DYNAMIC (the next id from a global atomic counter,
-fetched one tile ahead; the last program to finish resets it; one counter per (device, stream), so the
-launches sharing it are stream-ordered). The tile count, tile_offsets[h_index, E] * n_tiles, is read on
+fetched one tile ahead; the host wrapper zeroes a fresh counter for every launch, in stream order, so no
+state outlives a launch or a graph replay; the last program to finish also zeroes it). The tile count, tile_offsets[h_index, E] * n_tiles, is read on
 the device, so there is no host sync and a launch can be captured in a CUDA graph and replayed with
 another routing.
 Raster: tile ids are grouped by `group_m` m-tiles that sweep all N tiles together (group_m = 1: programs
@@ -85,8 +85,8 @@ class TileScheduler(enum.Enum):
 
     STATIC = "static"  # program p takes tiles p, p + programs, p + 2 * programs, ...
     # each program takes the next tile from a global atomic counter (fetched one tile ahead), so the tiles
-    # that read one weight tile (the m-tiles of one expert) start back to back; the last program to finish
-    # resets the counter (no host-side reset: launches that share a counter must be stream-ordered)
+    # that read one weight tile (the m-tiles of one expert) start back to back; every launch gets its own
+    # counter, zeroed in stream order (the last program to finish also zeroes it)
     DYNAMIC = "dynamic"
 
 
@@ -504,17 +504,13 @@ def _limits_for(device: torch.device) -> tuple[int, int]:
 # Host wrappers.
 
 
-_TILE_COUNTERS: dict = {}
-
-
 def _tile_counter(device: torch.device) -> torch.Tensor:
-    """The DYNAMIC scheduler's [next tile, programs done] counter (zero at rest), one per (device, stream):
-    launches on one stream are ordered, launches on concurrent streams get their own counter."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    if key not in _TILE_COUNTERS:
-        _TILE_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return _TILE_COUNTERS[key]
+    """The DYNAMIC scheduler's [next tile, programs done] counter, zeroed for every launch. Inside a CUDA graph the
+    zeroing is the graph's own memset node, so no state outlives a replay: graphs may share a memory pool with any
+    other graphs and replay in any order (a per-stream counter made inside a capture lay in pool memory that
+    another graph reused as scratch, and its replays then skipped tiles; tests/test_graph_pools.py), and launches
+    on concurrent streams never share a counter."""
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
 
 def _check_int32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> None:

@@ -76,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-samples", type=int, default=300)
     m.add_argument("--check-rows", type=int, default=256, help="token rows checked against the fp32 reference")
     m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--order", choices=[o.value for o in BackendOrder], default=BackendOrder.INTERLEAVED.value,
-                   help="interleaved: every cell times its backends in the same rounds (no drift between them); "
-                        "sequential: one backend at a time, freed before the next (least memory)")
+    m.add_argument("--order", choices=[o.value for o in BackendOrder], default=BackendOrder.SEQUENTIAL.value,
+                   help="sequential: one backend at a time, freed before the next (each in its own power steady "
+                        "state; least memory); interleaved: every cell times its backends in the same rounds (no "
+                        "drift between them; on a power-capped card a replay inherits its predecessor's clock)")
     t = p.add_argument_group("serving trace")
     t.add_argument("--trace-requests", type=int, help="requests (default 200; CPU 24)")
     t.add_argument("--trace-rate", type=float, help="Poisson arrivals per second (default 8)")

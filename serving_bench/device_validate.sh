@@ -133,13 +133,16 @@ router-grouped)  # deepseek-v3's grouped routing: the [T, G, E / G] group view (
 layer-full)  # the full grid (5 models x T in 1..32768), one invocation per model so partial results survive
     for m in ${LAYER_MODELS:-mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b}; do
         TAIL=3 step "layer-${LAYER_TAG:-}$m" 170 python3 -m moe2cta.serving_bench --models "$m" --full \
-            --backends "${LAYER_BACKENDS:-auto,triton,cute,grouped-mm}" --order "${LAYER_ORDER:-interleaved}" \
+            --backends "${LAYER_BACKENDS:-auto,triton,cute,grouped-mm}" --order "${LAYER_ORDER:-sequential}" \
             --time-per-case 0.05 --out "$out/layer-${LAYER_TAG:-}$m" --progress off --no-plots
     done ;;
 layer-orders)  # the full grid per LAYER_ORDERS entry TAG:ORDER (default: interleaved, then one backend at a time)
     for tag_order in ${LAYER_ORDERS:-i1:interleaved seq:sequential}; do
         LAYER_TAG=${tag_order%%:*}- LAYER_ORDER=${tag_order#*:} run_step layer-full
     done ;;
+pool-tests)  # GEMM graphs sharing a memory pool with other graphs, DYNAMIC launches on two streams, the Triton GEMMs
+    step pool-tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests/test_graph_pools.py" \
+        "$repo/tests/test_triton_gemm.py" "$repo/tests/test_sm90_gpu.py::test_dynamic_launches_on_concurrent_streams" ;;
 bench-tests)  # the serving benchmark's GPU tests (graph timing, interleaved timing)
     step bench-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests/test_serving_bench.py" ;;
 layer-ab)  # the layer's prefill cells under two code versions on one machine: the installed wheel with $kdir, and

@@ -17,9 +17,9 @@ METHOD = (
     "Each backend is first checked against an fp32 reference of the whole layer on sampled rows (tolerance: "
     "2x the error of a same-dtype torch run); a wrong backend is reported, not timed. GPU timing: warm-up, one CUDA graph "
     "per rotated input (inputs rotated so they do not sit in L2; every preset's weights exceed L2), replayed "
-    "round-robin between CUDA events; median and percentiles over replays. With the interleaved backend order "
-    "(default) every cell replays all of its backends in the same rounds, each round in another order, so their "
-    "ratios carry no clock or power drift between them. Backends that sync with the host "
+    "round-robin between CUDA events; median and percentiles over replays. Backends run one after the other "
+    "(sequential order, default) or, with the interleaved order, every cell replays all of its backends in the same "
+    "rounds (balanced orders). Backends that sync with the host "
     "are timed eagerly with events. floor = max((bytes of the experts hit + activations) / copy bandwidth, "
     "2*T*k*3*H*I / bf16 matmul peak), experts hit from the actual routing of the timed inputs."
 )

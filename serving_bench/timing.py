@@ -9,8 +9,9 @@ CUDA (the method of issue 7):
    the host queue the replays ahead, so the events measure GPU time, not launch gaps;
 4. samples: one per replay, in microseconds; median and percentiles are taken over them.
 Several callables (the backends of one benchmark cell) are timed in the same rounds by `time_interleaved`: round r
-replays rotated input r of every callable, in an order rotated by one place each round, so that the card's clock
-and power drift fall on all of them alike and their ratios carry none of it. One callable alone is the plain
+replays rotated input r of every callable, in orders of a balanced Latin square (each callable first equally often,
+and after each other callable equally often), so that the card's clock and power drift fall on all of them alike and
+their ratios carry none of it. Each callable's graphs have their own memory pool, as when it is timed alone. One callable alone is the plain
 round-robin above (`time_callable`).
 Rotation: the inputs (hidden states and router logits) come in several copies, enough that they do not
 stay in L2 between calls; weights are not copied (every preset's weights exceed the 50-60 MB L2, and
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 __all__ = ["GraphCapture", "TimingMode", "TimingConfig", "TimingResult", "time_callable", "time_interleaved",
-           "rotation_count", "interleaved_rounds"]
+           "rotation_count", "interleaved_rounds", "balanced_orders"]
 
 
 class GraphCapture(enum.Enum):
@@ -137,10 +138,11 @@ def time_interleaved(
         except Exception as exc:
             failed[name] = exc
     runners, modes, notes = {}, {}, {}
-    pool = torch.cuda.graph_pool_handle() if on_cuda else None  # replayed one at a time: one pool for the cell
     for name, fn in fns.items():
         if name in failed:
             continue
+        # one memory pool per callable (shared by its rotated inputs' graphs), as when each is timed alone
+        pool = torch.cuda.graph_pool_handle() if on_cuda else None
         runners[name], modes[name], notes[name] = _runners(fn, inputs, on_cuda, captures.get(name, GraphCapture.TRY), pool)
     samples = _rounds(runners, failed, config, on_cuda)
     out: dict[str, TimingResult | Exception] = {}
@@ -195,12 +197,30 @@ class _RunnerFailed(Exception):
         self.name, self.cause = name, cause
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """The orders of n callables for successive rounds: a Williams design (a balanced Latin square), in which every
+    callable runs first equally often and follows every other callable equally often, so that neither the position
+    in a round nor the previous callable's heat or power draw favours one of them. n rows for even n, 2n for odd n."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n: expected an int >= 1, got {n!r}")
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
 def _sample_rounds(runners: dict, rounds: int, on_cuda: bool) -> dict[str, list[float]]:
-    """{name: one sample in us per round}; round r runs runners[name][r % len] for every name, starting at another name
-    each round; CUDA: all rounds queued behind a GPU sleep, between CUDA events; CPU: perf_counter around each call."""
+    """{name: one sample in us per round}; round r runs runners[name][r % len] for every name, in the order of row r of
+    balanced_orders; CUDA: all rounds queued behind a GPU sleep, between CUDA events; CPU: perf_counter around each call."""
     order = list(runners)
-    plan = [(name, runners[name][r % len(runners[name])]) for r in range(rounds)
-            for name in order[r % len(order):] + order[:r % len(order)]]
+    squares = balanced_orders(len(order))
+    plan = [(order[i], runners[order[i]][r % len(runners[order[i]])]) for r in range(rounds)
+            for i in squares[r % len(squares)]]
     if not on_cuda:
         samples = {name: [] for name in order}
         for name, call in plan:
@@ -258,9 +278,8 @@ def _gpu_sleep(seconds: float) -> None:
 
 
 def interleaved_rounds(replays: dict, rounds: int) -> dict:
-    """{key: [us per round]}: every replay once per round, between two CUDA events, in the dict's order rotated by
-    one more place each round (another replay first each time), so that clock and power drift fall on all keys
-    alike. The A/B probes' timing (layer_padding_probe, layer_placement_probe)."""
+    """{key: [us per round]}: every replay once per round, between two CUDA events, in the orders of
+    balanced_orders, so that clock and power drift fall on all keys alike. The A/B probes' timing (layer_padding_probe, layer_placement_probe)."""
     if not replays:
         raise ValueError("replays: expected at least one replay")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:

@@ -425,8 +425,8 @@ def test_interleaved_order_times_a_cells_backends_in_the_same_rounds(monkeypatch
         monkeypatch.setitem(BACKENDS, name, _logging_backend(name, log)[0])
     run = RunConfig(models=(custom_preset(TINY),), sweep_tokens=(1, 4), distributions=(RoutingDistribution.parse("uniform"),),
                     backends=("log-a", "wrong", "log-b"), device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS,
-                    timing=FAST_TIMING, dtype=torch.float32)
-    assert run.order is BackendOrder.INTERLEAVED  # the default
+                    timing=FAST_TIMING, dtype=torch.float32, order=BackendOrder.INTERLEAVED)
+    assert RunConfig.__dataclass_fields__["order"].default is BackendOrder.SEQUENTIAL  # the default
     bench = run_benchmark(run)
     assert [(r.tokens, r.backend) for r in bench.results] == [(t, b) for t in (1, 4) for b in ("log-a", "wrong", "log-b")]
     ok = [r for r in bench.results if r.status is CaseStatus.OK]
@@ -443,8 +443,23 @@ def test_interleaved_order_times_a_cells_backends_in_the_same_rounds(monkeypatch
         dataclasses.replace(run, order="interleaved")
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_balanced_orders_are_williams_designs(n):
+    from moe2cta.serving_bench.timing import balanced_orders
+
+    rows = balanced_orders(n)
+    assert len(rows) == (n if n % 2 == 0 else 2 * n) and all(sorted(row) == list(range(n)) for row in rows)
+    firsts = [row[0] for row in rows]
+    assert all(firsts.count(i) == len(rows) // n for i in range(n))  # each first equally often
+    pairs = [(row[j], row[j + 1]) for row in rows for j in range(n - 1)]
+    if n > 1:  # each ordered pair (a right before b) equally often
+        assert len(set(pairs)) == n * (n - 1) and all(pairs.count(p) == pairs.count(pairs[0]) for p in set(pairs))
+    with pytest.raises(ValueError, match="n"):
+        balanced_orders(0)
+
+
 def test_interleaved_order_splits_the_backends_where_memory_runs_out(monkeypatch):
-    from moe2cta.serving_bench.runner import CaseStatus, RunConfig, run_benchmark
+    from moe2cta.serving_bench.runner import BackendOrder, CaseStatus, RunConfig, run_benchmark
 
     log, held = [], []
     spec_a, _ = _logging_backend("log-a", log, held=held)
@@ -454,7 +469,7 @@ def test_interleaved_order_splits_the_backends_where_memory_runs_out(monkeypatch
         monkeypatch.setitem(BACKENDS, spec.name, spec)
     run = RunConfig(models=(custom_preset(TINY),), sweep_tokens=(1, 2), distributions=(RoutingDistribution.parse("uniform"),),
                     backends=("log-a", "log-b", "log-c"), device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS,
-                    timing=FAST_TIMING, dtype=torch.float32)
+                    timing=FAST_TIMING, dtype=torch.float32, order=BackendOrder.INTERLEAVED)
     bench = run_benchmark(run)
     assert all(r.status is CaseStatus.OK for r in bench.results) and len(bench.results) == 6
     # log-b ran out of memory beside log-a: log-a ran alone, then log-b (built again) and log-c together

@@ -63,6 +63,18 @@ def test_prepack_interleaves_gate_and_up_in_chunks_of_8():
             assert torch.equal(packed[:, 16 * c + 8 + j], w13[:, inter + 8 * c + j])  # up
 
 
+def test_each_launch_gets_its_own_zeroed_workspace():
+    """DYNAMIC launches get a fresh zeroed workspace (no state shared between launches, streams or graph replays:
+    tests/test_graph_pools.py is the GPU case); STATIC launches get an unused one."""
+    dynamic = s90.Sm90GemmConfig(scheduler=s90.Scheduler.DYNAMIC)
+    first, _, _ = s90._launch_scratch(dynamic, torch.device("cpu"))
+    second, bias, scale = s90._launch_scratch(dynamic, torch.device("cpu"))
+    assert torch.equal(first, torch.zeros(4, dtype=torch.int32)) and first.data_ptr() != second.data_ptr()
+    assert bias.shape == (1, 1) and bias.dtype == scale.dtype == torch.float32
+    static, _, _ = s90._launch_scratch(s90.Sm90GemmConfig(scheduler=s90.Scheduler.STATIC), torch.device("cpu"))
+    assert static.shape == (4,) and static.dtype == torch.int32
+
+
 def test_prepack_rejects_bad_shapes():
     with pytest.raises(TypeError, match="w13"):
         s90.prepack_w13(torch.randn(4, 8))
