@@ -61,3 +61,29 @@ def test_two_layers_share_a_graph_pool(first, tokens):
             if not torch.equal(outs[name, i], want[name, i]):
                 wrong.append(f"round {r} {name} input {i}")
     assert not wrong, f"graph replays in the shared pool that differ from the eager forward: {wrong}"
+
+
+@pytest.mark.parametrize("backend", ["triton", "cute"])
+def test_graphed_layer_sizes_share_their_pool(backend):
+    """GraphedMoELayer captures every batch size into one pool (largest first); calls of two sizes in turn, each
+    compared with the eager forward of the same tokens (both sizes run DYNAMIC GEMMs at this mixtral-8x7b shape)."""
+    import moe2cta
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    dev = torch.device("cuda")
+    w13 = torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen, device=dev, dtype=torch.bfloat16) / HIDDEN**0.5
+    w2 = torch.randn(EXPERTS, HIDDEN, INTER, generator=gen, device=dev, dtype=torch.bfloat16) / INTER**0.5
+    sizes = (512, 2048)
+    inputs = {s: (torch.randn(s, HIDDEN, generator=gen, device=dev, dtype=torch.bfloat16),
+                  torch.randn(s, EXPERTS, generator=gen, device=dev)) for s in sizes}
+    ok, why = moe2cta.is_supported(backend, inputs[512][0], w13, w2)
+    if not ok:
+        pytest.skip(why)
+    layer = moe2cta.MoELayer(w13, w2, routing=moe2cta.RoutingConfig(top_k=TOP_K), backend=backend)
+    want = {s: layer(*inputs[s]) for s in sizes}
+    graphed = moe2cta.GraphedMoELayer(layer, sizes)
+    graphed.capture()
+    wrong = [f"call {r} T={s}" for r in range(4) for s in (sizes if r % 2 else sizes[::-1])
+             if not torch.equal(graphed(*inputs[s]), want[s])]
+    assert graphed.eager_calls == 0
+    assert not wrong, f"graph replays that differ from the eager forward: {wrong}"
