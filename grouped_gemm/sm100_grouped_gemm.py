@@ -927,6 +927,7 @@ def _build(config: Sm100GemmConfig, problem: Sm100Problem, out_dir, keep_ptx: bo
 
 DEFAULT_PAIR_THRESHOLD = ROWS_PER_CTA + 1  # an expert that fits one 128-row CTA tile runs single
 _CACHE = None
+_SCRATCH: dict = {}
 
 
 def _kernel_cache():
@@ -969,7 +970,10 @@ def _launch(config, problem, a, w, out, row_offsets, counts, bias, row_scale):
     ok, reason = can_implement(config, problem)
     if not ok:
         raise ValueError(f"config: {reason}")
-    dummy = torch.empty(1, dtype=torch.float32, device=a.device)  # for absent bias / row scale: never read
+    key = (a.device, a.dtype)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = torch.zeros(1, dtype=torch.float32, device=a.device)
+    dummy = _SCRATCH[key]
     launches = [(config, 0, NO_UPPER_BOUND)]
     if config.unit is WorkUnit.PAIR and config.pair_threshold > 0:
         launches = [(config, config.pair_threshold, NO_UPPER_BOUND),

@@ -770,20 +770,28 @@ def _cache_for(directory) -> KernelCache:
     return _CACHES[key]
 
 
+_UNUSED: dict = {}  # device -> (workspace of STATIC launches, dummy bias, dummy row scale): never read or written
+
+
 def _launch_scratch(config, device: torch.device):
     """(workspace, dummy bias, dummy row scale) for one launch.
 
-    The DYNAMIC scheduler's workspace (unit counter, done count) is zeroed here for every launch: inside a CUDA
-    graph the zeroing is the graph's own memset node, so no state outlives a replay, and graphs may share a memory
-    pool with any other graphs and replay in any order (a per-stream counter made once inside a capture lay in
-    pool memory that another graph of the same pool reused as scratch: that graph's replays overwrote it and the
-    GEMM skipped its tiles; tests/test_graph_pools.py). STATIC launches never touch it, and the dummies are
-    never read (their epilogue flags are off): none of those is initialized.
+    A DYNAMIC launch gets its own workspace (unit counter, done count), zeroed here: inside a CUDA graph the zeroing
+    is the graph's own memset node, so no state outlives a replay, and graphs may share a memory pool with any other
+    graphs and replay in any order (a per-stream counter made once inside a capture lay in pool memory that another
+    graph of the same pool reused as scratch: that graph's replays overwrote it and the GEMM skipped its tiles;
+    tests/test_graph_pools.py). STATIC launches never touch the workspace, and the dummies are never read (their
+    epilogue flags are off), so those are made once per device whatever memory they come from.
     """
-    dynamic = config.scheduler is Scheduler.DYNAMIC
-    workspace = (torch.zeros if dynamic else torch.empty)(4, dtype=torch.int32, device=device)
-    return (workspace, torch.empty(1, 1, dtype=torch.float32, device=device),
-            torch.empty(1, dtype=torch.float32, device=device))
+    key = (device.type, device.index)
+    if key not in _UNUSED:
+        _UNUSED[key] = (torch.empty(4, dtype=torch.int32, device=device),
+                        torch.empty(1, 1, dtype=torch.float32, device=device),
+                        torch.empty(1, dtype=torch.float32, device=device))
+    unused_workspace, dummy_bias, dummy_scale = _UNUSED[key]
+    if config.scheduler is Scheduler.DYNAMIC:
+        return torch.zeros(4, dtype=torch.int32, device=device), dummy_bias, dummy_scale
+    return unused_workspace, dummy_bias, dummy_scale
 
 
 def _check_common(a, w, row_offsets, counts, name_w):
