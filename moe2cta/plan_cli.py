@@ -66,8 +66,10 @@ def format_budget(ev: planner.Evaluation, problem: planner.GemmProblem) -> str:
         pr = ev.prediction
         lines.append(
             f"  predicted        {pr.seconds * 1e6:.1f} us, {pr.bound}-bound (SM {pr.sm_seconds * 1e6:.1f}, "
-            f"HBM {pr.hbm_seconds * 1e6:.1f}, L2 {pr.l2_seconds * 1e6:.1f} us), {pr.tflops:.0f} useful TFLOP/s, "
-            f"MMA efficiency {pr.mma_efficiency:.2f}")
+            f"HBM {pr.hbm_seconds * 1e6:.1f}, L2 {pr.l2_seconds * 1e6:.1f}"
+            + (f", power {pr.power_seconds * 1e6:.1f}" if pr.power_seconds else "") + " us"
+            + (f"; measured unit rate x{pr.rate_factor:.2f}" if pr.rate_factor != 1.0 else "")
+            + f"), {pr.tflops:.0f} useful TFLOP/s, MMA efficiency {pr.mma_efficiency:.2f}")
     if not ev.ok:
         lines.append(f"  REJECTED         {ev.reason}")
     elif ev.kernel_config is not None:
@@ -84,6 +86,8 @@ def _why_slower(ev: planner.Evaluation, best: planner.Evaluation) -> str:
     term = next((name for name, x, y in zip(planner.RANK_TERMS, ka, kb) if x != y), "identical")
     if term != "predicted time":
         return f"same time; tie broken by {term}"
+    if pr.rate_factor < bp.rate_factor:
+        return f"measured unit rate x{pr.rate_factor:.2f} vs x{bp.rate_factor:.2f} (Hardware.pair_rate / single_warpgroup_rate)"
     if ev.budget.coverage < best.budget.coverage - 1e-9:
         return f"coverage {ev.budget.coverage:.1%} vs {best.budget.coverage:.1%}"
     if ev.budget.waves > best.budget.waves and pr.bound == "sm":
@@ -170,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     unit.add_argument("--single", dest="unit", action="store_const", const=WorkUnit.SINGLE, help="1-CTA work unit")
     p.add_argument("--accumulator-slots", type=int, help="accumulator slots of the explicit candidate")
     p.add_argument("--pair-threshold", type=int, default=0, help="PAIR: experts with fewer rows run 1-CTA tiles")
-    p.add_argument("--min-coverage", type=float, default=0.8, help="drop candidates under this share of the best coverage")
+    p.add_argument("--min-coverage", type=float, default=None,
+                   help="drop candidates under this share of the best coverage (default: the hardware model's, "
+                        "H200 0.5, B200 0.8)")
     p.add_argument("--top", type=int, default=5, help="runners-up to show")
     p.add_argument("--buckets", type=int, nargs="?", const=4096, metavar="MAX_ROWS",
                    help="with --model: the chosen configuration per tokens-per-expert bucket up to MAX_ROWS (4096)")
@@ -210,7 +216,7 @@ def _problems(args, parser):
     return (planner.dense_problem(m, n, k),), {"gemm": [m, n, k]}
 
 
-def _bucket_plans(preset, arch: Arch, max_bucket: int, min_coverage: float) -> list[dict]:
+def _bucket_plans(preset, arch: Arch, max_bucket: int, min_coverage: float | None) -> list[dict]:
     """The chosen GEMM1/GEMM2 configuration per tokens-per-expert bucket (what serving compiles)."""
     h, i, e = preset.hidden, preset.intermediate, preset.num_experts
     rows = []

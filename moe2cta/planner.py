@@ -47,7 +47,12 @@ Time model (predicted seconds, ranked ascending):
   SM time        = ceil(cta_tiles / num_sms) * t_tile           (wave quantization, tail)
   HBM time       = (weights of the experts hit + A rows read + output written) / hbm_bw
   L2 time        = sum over tiles of bytes loaded from L2 / l2_bw
-  predicted      = max(SM time, HBM time, L2 time) + latency (first fill) + launch overhead, per launch;
+  power time     = (computed FLOP x J/FLOP + HBM bytes x J/byte) / (power limit - idle), where the hardware has a
+                   measured power model (the H200: every prefill GEMM runs at its 700 W cap; padding rows cost energy)
+  predicted      = max(SM, HBM, L2, power time) / measured unit rate + latency (first fill) + launch overhead, per
+                   launch; the unit rate is a measured factor per kind of work unit (Hardware.pair_rate,
+                   single_warpgroup_rate: the H200's PAIR units 0.99, its one-warpgroup 64-row tiles 0.75, each
+                   with its measurements in HARDWARE); 1 where nothing was measured (the B200);
                    an sm_100 two-launch candidate: the sum of both launches (waves counted per launch).
   shape_eff: sm_100 tiles of 64 rows per CTA use half the tensor core (0.5), else 1.0.
   smem_read_eff: min(1, 128 B/clk / SMEM bytes the MMA reads per clock at peak) (sm_90 per warpgroup of 64
@@ -56,11 +61,14 @@ Prune: over the SMEM/TMEM/register budget, fewer than 2 stages, alignment (K*2 %
 2I: sm_100's limit, and on sm_90 a partial last n-block measured slower than a dividing tile), the kernel family's
 own can_implement where the family exists (the planner
 builds its Sm90GemmConfig / Sm100GemmConfig), then coverage below min_coverage_ratio x the best feasible
-coverage. Ties on time go to fewer waves, more busy SMs, fewer L2 bytes, better coverage, more accumulator
-slots, more stages, less SMEM, SINGLE before PAIR. Pairs win for experts with >= pair_threshold rows because
-the L2 and SMEM-read terms reward the shared B tile; decode shapes (few rows per expert) come out
-HBM-bound, and the per-SM bandwidth cap in the SM term favours tiles that spread weight streaming over all
-SMs. Hardware constants are model assumptions (the H200's 4.24 TB/s and 792 TFLOP/s were measured).
+coverage (Hardware.min_coverage_ratio unless given: the seed's 0.8; the H200 0.5, so that a 128-row tile over
+experts of 64 rows stays, the fastest measured there). Ties on time go to fewer waves, more busy SMs, fewer L2
+bytes, better coverage, more accumulator slots, more stages, less SMEM, SINGLE before PAIR. On the B200 model pairs
+win for experts with >= pair_threshold rows because the L2 and SMEM-read terms reward the shared B tile. On the H200
+the power term binds at prefill for pairs and singles alike, and the measured pair rate leaves the single unit
+first, as measured (stop 32: the first pick is the family default on all 30 buckets of the tuning runs,
+tests/test_planner.py). Decode shapes (few rows per expert) come out HBM-bound. Hardware constants: the H200's
+4.24 TB/s, 792 TFLOP/s, L2 rate and power model were measured; the rest are assumptions.
 The text reports (budget table, runners-up, rejections) are printed by moe2cta/plan_cli.py.
 """
 from __future__ import annotations
@@ -87,6 +95,7 @@ from .grouped_gemm.budget import (
 __all__ = [
     "GemmKind",
     "Hardware",
+    "PowerModel",
     "HARDWARE",
     "GemmProblem",
     "Candidate",
@@ -139,6 +148,21 @@ class GemmKind(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class PowerModel:
+    """The board's power cap as a time term: energy over (limit - idle) watts. Measured on the H200 with sustained
+    replays and NVML (serving_bench/power.py; results/power-h200-2026-12-01, run3 and run7): every prefill GEMM holds
+    the board at its cap, and the energy of its MMAs (padding rows included) and weight stream sets its time."""
+
+    limit_watts: float
+    idle_watts: float
+    joules_per_flop: float  # above idle, dense bf16 MMA (a sustained cuBLAS matmul)
+    joules_per_hbm_byte: float  # the weight stream beside the MMAs
+
+    def seconds(self, flop: float, hbm_bytes: float) -> float:
+        return (flop * self.joules_per_flop + hbm_bytes * self.joules_per_hbm_byte) / (self.limit_watts - self.idle_watts)
+
+
+@dataclasses.dataclass(frozen=True)
 class Hardware:
     """Model constants of one GPU. Throughputs are practical ceilings, not datasheet peaks."""
 
@@ -153,6 +177,12 @@ class Hardware:
     mma_flops_per_clk_per_sm: int  # to turn the SMEM read rate into an MMA limit
     smem_read_bytes_per_clk: int = 128
     launch_overhead_s: float = 3e-6
+    power: PowerModel | None = None  # None: no power term (not measured)
+    # Measured rates of whole kernels against the model's other terms, as factors on their speed (1: as modelled):
+    pair_rate: float = 1.0  # PAIR units (cluster of two CTAs in lockstep)
+    single_warpgroup_rate: float = 1.0  # tiles of 64 rows per CTA (one consumer warpgroup)
+    # search's prune: candidates under this share of the best feasible coverage are dropped (the seed's 0.8)
+    min_coverage_ratio: float = 0.8
 
 
 HARDWARE = {
@@ -163,10 +193,22 @@ HARDWARE = {
         num_sms=ARCH_LIMITS[Arch.SM90].num_sms,
         peak_flops=792e12,
         hbm_bytes_per_s=4.24e12,
-        l2_bytes_per_s=8.0e12,
+        l2_bytes_per_s=8.5e12,  # ncu: our GEMM1 at 97.4% of L2 throughput moves ~8.3 TB/s at 1.37 GHz (power-h200-2026-12-01)
         per_sm_bytes_per_s=100e9,
         load_latency_s=1.0e-6,
         mma_flops_per_clk_per_sm=4096,
+        # idle 126 W, 0.864 pJ per FLOP above idle, 22 pJ per weight byte, 700 W enforced limit
+        power=PowerModel(limit_watts=700.0, idle_watts=126.0, joules_per_flop=0.864e-12, joules_per_hbm_byte=22e-12),
+        # PAIR against SINGLE units of the same tile, 14 prefill buckets of the five presets (tuning-h200-2026-12-02,
+        # routed rows): 0.95-1.20x the time, geomean 1.01; ncu: B multicast lowers L2 traffic and the clock rises, but
+        # the card stays at its power cap (results/power-h200-2026-12-01, run6)
+        pair_rate=0.99,
+        # 64-row tiles against the 128-row default on the memory-bound buckets of 64 rows per expert: 0.74-0.80 of
+        # its speed (tuning-h200-2026-12-02, four GEMMs), 0.66-0.91 at 64-2048 rows (power-h200-2026-12-01, run8)
+        single_warpgroup_rate=0.75,
+        # 0.5 keeps a 128-row tile over experts of 64 rows (half its rows padding): 1.24-1.35x faster there than the
+        # 64-row tile (tuning-h200-2026-12-02); the padding's cost is the power term's, not a prune's
+        min_coverage_ratio=0.5,
     ),
     # B200: practical values assumed (no B200 here): ~80% of the 2.25 PFLOP/s and 8 TB/s datasheet.
     Arch.SM100: Hardware(
@@ -587,6 +629,8 @@ class Prediction:
     computed_flop: int
     mma_efficiency: float
     depth_bytes_per_s: float  # per-SM load rate the pipeline depth allows
+    power_seconds: float = 0.0  # energy / (limit - idle) watts, where the hardware has a power model
+    rate_factor: float = 1.0  # the measured unit rate applied (Hardware.pair_rate / single_warpgroup_rate)
 
     @property
     def tflops(self) -> float:
@@ -649,11 +693,13 @@ def _predict_kernel(candidate: Candidate, problem: GemmProblem, budget: Budget, 
             per_unit = (unit_rows + c.block_n) * c.block_k * e * b.k_segments
             l2_bytes += units * per_unit
     l2_seconds = l2_bytes / hw.l2_bytes_per_s
-    seconds = max(sm_seconds, hbm_seconds, l2_seconds)
-    bound = "sm" if seconds == sm_seconds else ("hbm" if seconds == hbm_seconds else "l2")
-    seconds += hw.load_latency_s + hw.launch_overhead_s
     useful = 2 * p.total_rows * p.n * p.k
     computed = 2 * b.computed_rows * b.n_tiles * c.block_n * p.k
+    power_seconds = hw.power.seconds(computed, hbm_bytes) if hw.power is not None else 0.0
+    terms = {"sm": sm_seconds, "hbm": hbm_seconds, "l2": l2_seconds, "power": power_seconds}
+    bound = max(terms, key=terms.get)
+    rate = (hw.pair_rate if c.unit is WorkUnit.PAIR else 1.0) * (hw.single_warpgroup_rate if rows == 64 else 1.0)
+    seconds = terms[bound] / rate + hw.load_latency_s + hw.launch_overhead_s
     return Prediction(
         seconds=seconds,
         bound=bound,
@@ -668,6 +714,8 @@ def _predict_kernel(candidate: Candidate, problem: GemmProblem, budget: Budget, 
         computed_flop=computed,
         mma_efficiency=mma_eff,
         depth_bytes_per_s=depth_bw,
+        power_seconds=power_seconds,
+        rate_factor=rate,
     )
 
 
@@ -676,7 +724,8 @@ def combine_predictions(launches: Sequence[Prediction]) -> Prediction:
     latency and launch overhead); bound and per-tile terms are the longest launch's."""
     longest = max(launches, key=lambda pr: pr.seconds)
     total = {f: sum(getattr(pr, f) for pr in launches) for f in (
-        "seconds", "sm_seconds", "hbm_seconds", "l2_seconds", "hbm_bytes", "l2_bytes", "useful_flop", "computed_flop")}
+        "seconds", "sm_seconds", "hbm_seconds", "l2_seconds", "power_seconds", "hbm_bytes", "l2_bytes", "useful_flop",
+        "computed_flop")}
     return dataclasses.replace(longest, **total)
 
 
@@ -1004,7 +1053,7 @@ def search(
     arch: Arch | str,
     hardware: Hardware | None = None,
     *,
-    min_coverage_ratio: float = 0.8,
+    min_coverage_ratio: float | None = None,
     candidates: Iterable[Candidate] | None = None,
     use_kernels: bool = True,
 ) -> SearchResult:
@@ -1013,6 +1062,8 @@ def search(
     hw = hardware or HARDWARE[arch]
     if hw.arch is not arch:
         raise ValueError(f"hardware: {hw.name} is {hw.arch.value}, expected {arch.value}")
+    if min_coverage_ratio is None:
+        min_coverage_ratio = hw.min_coverage_ratio
     if not 0.0 <= min_coverage_ratio <= 1.0:
         raise ValueError(f"min_coverage_ratio: expected 0..1, got {min_coverage_ratio}")
     cands = list(candidates) if candidates is not None else enumerate_candidates(arch, problem)
@@ -1053,7 +1104,7 @@ class MoePlan:
 
 def plan_moe(preset, tokens: int, arch: Arch | str, *, counts: Sequence[int] | None = None,
              routing_assumption: RoutingAssumption = RoutingAssumption.UNIFORM,
-             hardware: Hardware | None = None, min_coverage_ratio: float = 0.8) -> MoePlan:
+             hardware: Hardware | None = None, min_coverage_ratio: float | None = None) -> MoePlan:
     """Search both GEMMs of one MoE forward of `tokens` tokens (counts, else the routing assumption)."""
     arch = Arch.parse(arch)
     g1, g2 = moe_problems(preset, tokens, counts, routing_assumption)
