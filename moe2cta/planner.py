@@ -158,6 +158,15 @@ class PowerModel:
     joules_per_flop: float  # above idle, dense bf16 MMA (a sustained cuBLAS matmul)
     joules_per_hbm_byte: float  # the weight stream beside the MMAs
 
+    def __post_init__(self):
+        for name in ("limit_watts", "joules_per_flop", "joules_per_hbm_byte"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name}: expected a number > 0, got {value!r}")
+        if isinstance(self.idle_watts, bool) or not isinstance(self.idle_watts, (int, float)) or not (
+                0 <= self.idle_watts < self.limit_watts):
+            raise ValueError(f"idle_watts: expected a number in [0, limit_watts={self.limit_watts}), got {self.idle_watts!r}")
+
     def seconds(self, flop: float, hbm_bytes: float) -> float:
         return (flop * self.joules_per_flop + hbm_bytes * self.joules_per_hbm_byte) / (self.limit_watts - self.idle_watts)
 

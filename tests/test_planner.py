@@ -142,6 +142,15 @@ def test_decode_and_prefill_choices():
         assert result.chosen.prediction.power_seconds == 0.0  # no power model without a B200 to measure
 
 
+def test_power_model_names_bad_values():
+    model = planner.HARDWARE[Arch.SM90].power
+    assert model.seconds(1e12, 0) == pytest.approx(1e12 * model.joules_per_flop / (model.limit_watts - model.idle_watts))
+    with pytest.raises(ValueError, match="idle_watts"):
+        planner.PowerModel(limit_watts=100.0, idle_watts=150.0, joules_per_flop=1e-12, joules_per_hbm_byte=1e-11)
+    with pytest.raises(ValueError, match="joules_per_flop"):
+        planner.PowerModel(limit_watts=700.0, idle_watts=100.0, joules_per_flop=0.0, joules_per_hbm_byte=1e-11)
+
+
 def test_sm90_first_picks_match_the_h200_tuning_runs():
     """On every bucket the H200 tuning runs measured (five presets, both GEMMs, routed rows), the planner's first pick
     for sm_90a is the family default the layer runs, which measured within 6% of the fastest candidate timed there
