@@ -165,10 +165,12 @@ class PowerModel:
                 raise ValueError(f"{name}: expected a number > 0, got {value!r}")
         if isinstance(self.idle_watts, bool) or not isinstance(self.idle_watts, (int, float)) or not (
                 0 <= self.idle_watts < self.limit_watts):
-            raise ValueError(f"idle_watts: expected a number in [0, limit_watts={self.limit_watts}), got {self.idle_watts!r}")
+            raise ValueError(
+                f"idle_watts: expected a number in [0, limit_watts={self.limit_watts}), got {self.idle_watts!r}")
 
     def seconds(self, flop: float, hbm_bytes: float) -> float:
-        return (flop * self.joules_per_flop + hbm_bytes * self.joules_per_hbm_byte) / (self.limit_watts - self.idle_watts)
+        joules = flop * self.joules_per_flop + hbm_bytes * self.joules_per_hbm_byte
+        return joules / (self.limit_watts - self.idle_watts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +204,8 @@ HARDWARE = {
         num_sms=ARCH_LIMITS[Arch.SM90].num_sms,
         peak_flops=792e12,
         hbm_bytes_per_s=4.24e12,
-        l2_bytes_per_s=8.5e12,  # ncu: our GEMM1 at 97.4% of L2 throughput moves ~8.3 TB/s at 1.37 GHz (power-h200-2026-12-01)
+        # ncu: our GEMM1 at 97.4% of L2 throughput moves ~8.3 TB/s at 1.37 GHz (results/power-h200-2026-12-01)
+        l2_bytes_per_s=8.5e12,
         per_sm_bytes_per_s=100e9,
         load_latency_s=1.0e-6,
         mma_flops_per_clk_per_sm=4096,

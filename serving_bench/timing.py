@@ -10,9 +10,10 @@ CUDA (the method of issue 7):
 4. samples: one per replay, in microseconds; median and percentiles are taken over them.
 Several callables (the backends of one benchmark cell) are timed in the same rounds by `time_interleaved`: round r
 replays rotated input r of every callable, in orders of a balanced Latin square (each callable first equally often,
-and after each other callable equally often), so that the card's clock and power drift fall on all of them alike and
-their ratios carry none of it. Each callable's graphs have their own memory pool, as when it is timed alone. One callable alone is the plain
-round-robin above (`time_callable`).
+and after each other callable equally often), so that the card's clock drift falls on all of them alike. On a
+power-capped card each replay still inherits the clock its predecessor's power draw left (runner.BackendOrder says
+what that did on the H200). Each callable's graphs have their own memory pool, as when it is timed alone. One
+callable alone is the plain round-robin above (`time_callable`).
 Rotation: the inputs (hidden states and router logits) come in several copies, enough that they do not
 stay in L2 between calls; weights are not copied (every preset's weights exceed the 50-60 MB L2, and
 rotated logits route each call to different experts).
@@ -143,7 +144,8 @@ def time_interleaved(
             continue
         # one memory pool per callable (shared by its rotated inputs' graphs), as when each is timed alone
         pool = torch.cuda.graph_pool_handle() if on_cuda else None
-        runners[name], modes[name], notes[name] = _runners(fn, inputs, on_cuda, captures.get(name, GraphCapture.TRY), pool)
+        capture = captures.get(name, GraphCapture.TRY)
+        runners[name], modes[name], notes[name] = _runners(fn, inputs, on_cuda, capture, pool)
     samples = _rounds(runners, failed, config, on_cuda)
     out: dict[str, TimingResult | Exception] = {}
     for name in fns:
@@ -176,7 +178,7 @@ def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) ->
                 call()
             estimates[name] = float(np.median(_sample_rounds({name: calls}, max(3, len(calls)), on_cuda)[name])) * 1e-6
         except Exception as exc:
-            failed[name] = exc
+            failed[name] = exc.cause if isinstance(exc, _RunnerFailed) else exc
             del runners[name]
     if not runners:
         return {}
@@ -216,7 +218,8 @@ def balanced_orders(n: int) -> list[list[int]]:
 
 def _sample_rounds(runners: dict, rounds: int, on_cuda: bool) -> dict[str, list[float]]:
     """{name: one sample in us per round}; round r runs runners[name][r % len] for every name, in the order of row r of
-    balanced_orders; CUDA: all rounds queued behind a GPU sleep, between CUDA events; CPU: perf_counter around each call."""
+    balanced_orders; CUDA: all rounds queued behind a GPU sleep, between CUDA events; CPU: perf_counter around each
+    call."""
     order = list(runners)
     squares = balanced_orders(len(order))
     plan = [(order[i], runners[order[i]][r % len(runners[order[i]])]) for r in range(rounds)
@@ -279,7 +282,8 @@ def _gpu_sleep(seconds: float) -> None:
 
 def interleaved_rounds(replays: dict, rounds: int) -> dict:
     """{key: [us per round]}: every replay once per round, between two CUDA events, in the orders of
-    balanced_orders, so that clock and power drift fall on all keys alike. The A/B probes' timing (layer_padding_probe, layer_placement_probe)."""
+    balanced_orders, so that clock and power drift fall on all keys alike. The A/B probes' timing (layer_padding_probe,
+    layer_placement_probe)."""
     if not replays:
         raise ValueError("replays: expected at least one replay")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
