@@ -296,9 +296,7 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
     for name, (fn, status, reason, note) in group.items():
         spec = BACKENDS[name]
         progress(f"{preset.name} T={case.tokens} {case.distribution.label} {name}")
-        base = dict(model=preset.name, distribution=case.distribution.label, tokens=case.tokens, backend=name,
-                    family=spec.family.value, experts_hit=case.experts_hit, floor_us=case.floor_us,
-                    floor_bound=case.floor_bound, build_note=note)
+        base = _case_fields(preset, case, name, note)
         if fn is None:
             results[name] = CaseResult(**base, status=status, reason=reason)
             continue
@@ -412,13 +410,18 @@ def _build_group(pending: list, preset, weights, run: RunConfig, availability, l
     return group, lost
 
 
+def _case_fields(preset, case: _CaseData, name: str, note: str) -> dict:
+    """The CaseResult fields every result of (model, case, backend) shares, whatever its status."""
+    return dict(model=preset.name, distribution=case.distribution.label, tokens=case.tokens, backend=name,
+                family=BACKENDS[name].family.value, experts_hit=case.experts_hit, floor_us=case.floor_us,
+                floor_bound=case.floor_bound, build_note=note)
+
+
 def _lost_case(preset, case: _CaseData, name: str, built: tuple, lost: str) -> CaseResult:
     fn, status, reason, note = built
     if fn is not None or status is CaseStatus.OK:
         status, reason = CaseStatus.NOT_RUN, f"not run: CUDA context lost ({lost})"
-    return CaseResult(model=preset.name, distribution=case.distribution.label, tokens=case.tokens, backend=name,
-                      family=BACKENDS[name].family.value, experts_hit=case.experts_hit, floor_us=case.floor_us,
-                      floor_bound=case.floor_bound, status=status, reason=reason, build_note=note)
+    return CaseResult(**_case_fields(preset, case, name, note), status=status, reason=reason)
 
 
 def run_benchmark(run: RunConfig, progress: Callable[[str], None] | None = None) -> BenchResults:
