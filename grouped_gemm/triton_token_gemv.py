@@ -34,7 +34,8 @@ uses this family only where `token_gemv_applies` (a few tokens, bounded weight b
 docs/perf-notes-triton.md v6), the grouped GEMM elsewhere. At T=1 both launches are one-wave kernels whose time
 is the weight stream plus ~3 us of ramp and drain each (a plain read of the same bytes is slower); measured and
 removed: GEMV1 prefetching GEMV2's weights into L2 (v8), deeper register pipelines and GEMV1 routing its own
-tokens (v7), GEMV2's first tile loaded before griddepcontrol.wait (v6).
+tokens (v7), GEMV2's first tile loaded before griddepcontrol.wait (v6), both GEMVs in one launch with per-token
+counters (v10: a ticket and a release per item cost more than the ramp and drain it saves).
 """
 from __future__ import annotations
 
@@ -63,15 +64,11 @@ __all__ = [
     "TokenGemvConfig",
     "TokenGemvProblem",
     "can_implement",
-    "can_implement_fused",
     "default_config",
-    "fused_default_configs",
     "token_gemv1",
     "token_gemv2_combine",
     "token_gemv_applies",
     "token_gemv_max_tokens",
-    "token_gemvs",
-    "token_sync_buffer",
 ]
 
 # Where the layer runs this family, measured on an H200 (docs/perf-notes-triton.md v6): it saves the
@@ -236,64 +233,12 @@ def _token_gemv_kernel(
     DEPENDENT_LAUNCH: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # One launch per stage (TokenLaunches.TWO): program id = item.
+    # STAGE 1: GEMV1 (gated; x = hidden [T, K]; HAS_WEIGHTS: the router weight scales x, on the input)
+    # STAGE 2: GEMV2 + combine (x = a2 [T * TOP_K, K]; HAS_WEIGHTS: the router weight scales each slot's y)
     if DEPENDENT_LAUNCH:
         tl.extra.cuda.gdc_wait()  # topk_ids / a2 come from the previous kernel of the stream
         tl.extra.cuda.gdc_launch_dependents()
-    _token_gemv_item(
-        tl.program_id(0), x_ptr, ids_ptr, map_ptr, topk_w_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr,
-        num_tokens, N, K, stride_xm, stride_we, stride_wn, up_offset, stride_be, stride_om, 0,
-        TOP_K, STAGE, ACTIVATION, HAS_MAP, HAS_WEIGHTS, HAS_BIAS, W13_CHUNK, EVEN_K, 0, BLOCK_J, BLOCK_N, BLOCK_K)
-
-
-def _token_fused_kernel(
-    hidden_ptr, ids_ptr, map_ptr, topk_w_ptr, w13_ptr, b13_ptr, a2_ptr, w2_ptr, b2_ptr, out_ptr, sync_ptr,
-    num_tokens, inter, hidden_size,
-    stride_hm, stride_w13e, stride_w13n, up_offset, stride_b13e, stride_a2m, stride_w2e, stride_w2n, stride_b2e,
-    stride_om,
-    TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, HAS_MAP: tl.constexpr, WEIGHTS_ON_INPUT: tl.constexpr,
-    WEIGHTS_ON_OUTPUT: tl.constexpr, HAS_B13: tl.constexpr, HAS_B2: tl.constexpr, W13_CHUNK: tl.constexpr,
-    EVEN_K1: tl.constexpr, EVEN_K2: tl.constexpr, DEPENDENT_LAUNCH: tl.constexpr,
-    BLOCK_N1: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_J2: tl.constexpr, BLOCK_N2: tl.constexpr,
-    BLOCK_K2: tl.constexpr,
-):
-    # Both stages in one launch (TokenLaunches.ONE). sync = [ticket, ready[0..T-1]], zeroed before the launch.
-    # Items are claimed by ticket, so every GEMV1 item is claimed (by a running program) before any GEMV2 item:
-    # a GEMV2 item only ever waits for programs that run without waiting, whatever the residency.
-    if DEPENDENT_LAUNCH:
-        tl.extra.cuda.gdc_wait()  # topk_ids (and sync's zeros) come from earlier work of the stream
-        tl.extra.cuda.gdc_launch_dependents()
-    item = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
-    blocks1 = (inter + BLOCK_N1 - 1) // BLOCK_N1
-    items1 = num_tokens * TOP_K * blocks1  # GEMV1 items: one slot each (block_j 1)
-    if item < items1:
-        _token_gemv_item(
-            item, hidden_ptr, ids_ptr, map_ptr, topk_w_ptr, w13_ptr, b13_ptr, a2_ptr, sync_ptr + 1,
-            num_tokens, inter, hidden_size, stride_hm, stride_w13e, stride_w13n, up_offset, stride_b13e, stride_a2m, 0,
-            TOP_K, 1, ACTIVATION, HAS_MAP, WEIGHTS_ON_INPUT, HAS_B13, W13_CHUNK, EVEN_K1, 1, 1, BLOCK_N1, BLOCK_K1)
-    else:
-        _token_gemv_item(
-            item - items1, a2_ptr, ids_ptr, map_ptr, topk_w_ptr, w2_ptr, b2_ptr, out_ptr, sync_ptr + 1,
-            num_tokens, hidden_size, inter, stride_a2m, stride_w2e, stride_w2n, 0, stride_b2e, stride_om,
-            TOP_K * blocks1,
-            TOP_K, 2, 0, HAS_MAP, WEIGHTS_ON_OUTPUT, HAS_B2, 0, EVEN_K2, 2, BLOCK_J2, BLOCK_N2, BLOCK_K2)
-
-
-def _token_gemv_item(
-    pid, x_ptr, ids_ptr, map_ptr, topk_w_ptr, w_ptr, bias_ptr, out_ptr, ready_ptr,
-    num_tokens, N, K,
-    stride_xm, stride_we, stride_wn, up_offset, stride_be, stride_om, ready_target,
-    TOP_K: tl.constexpr, STAGE: tl.constexpr, ACTIVATION: tl.constexpr, HAS_MAP: tl.constexpr,
-    HAS_WEIGHTS: tl.constexpr, HAS_BIAS: tl.constexpr, W13_CHUNK: tl.constexpr, EVEN_K: tl.constexpr,
-    READY: tl.constexpr,
-    BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    # One item: (token t, slot group g, n block) of one stage.
-    # STAGE 1: GEMV1 (gated; x = hidden [T, K]; HAS_WEIGHTS: the router weight scales x, on the input)
-    # STAGE 2: GEMV2 + combine (x = a2 [T * TOP_K, K]; HAS_WEIGHTS: the router weight scales each slot's y)
-    # READY 0: no handshake. 1 (GEMV1 of the one-launch kernel): ready[t] += 1 (release) once the a2 columns are
-    # stored. 2 (GEMV2 of it): after the first weight tile is loaded, wait (acquire) until ready[t] == ready_target,
-    # then read a2 from L2 (.cg: the SM's L1 may not hold another SM's stores).
+    pid = tl.program_id(0)
     groups = (TOP_K + BLOCK_J - 1) // BLOCK_J
     t = pid % num_tokens
     rest = pid // num_tokens
@@ -337,10 +282,6 @@ def _token_gemv_item(
     w_cur = tl.load(w_ptrs, mask=w_mask & k_ok[None, None, :], other=0.0)
     if STAGE == 1 and W13_CHUNK == 0:
         u_cur = tl.load(w_ptrs + up_offset, mask=w_mask & k_ok[None, None, :], other=0.0)
-    if READY == 2:  # this token's a2 rows are written by GEMV1 items of the same launch
-        seen = tl.atomic_add(ready_ptr + t, 0, sem="acquire", scope="gpu")
-        while seen < ready_target:
-            seen = tl.atomic_add(ready_ptr + t, 0, sem="acquire", scope="gpu")
     for k0 in range(0, K, BLOCK_K):
         k_ok = (k0 + offs_k) < K
         next_mask = w_mask & ((k0 + BLOCK_K + offs_k) < K)[None, None, :]
@@ -356,13 +297,9 @@ def _token_gemv_item(
         else:
             x_ptrs = x_ptr + x_rows[:, None] + (k0 + offs_k)[None, :]
             if EVEN_K:
-                x_mask = slot_ok[:, None]
+                x = tl.load(x_ptrs, mask=slot_ok[:, None], other=0.0).to(tl.float32)[:, None, :]
             else:
-                x_mask = slot_ok[:, None] & k_ok[None, :]
-            if READY == 2:
-                x = tl.load(x_ptrs, mask=x_mask, other=0.0, cache_modifier=".cg").to(tl.float32)[:, None, :]
-            else:
-                x = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)[:, None, :]
+                x = tl.load(x_ptrs, mask=slot_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)[:, None, :]
         acc += tl.reduce(w_cur.to(tl.float32) * x, 2, _add)
         w_cur = w_next
         if STAGE == 1 and W13_CHUNK == 0:
@@ -391,9 +328,6 @@ def _token_gemv_item(
         result = _gated_activation(gate, up, ACTIVATION)
         out_ptrs = out_ptr + slots[:, None] * stride_om + offs_n[None, :].to(tl.int64)
         tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=slot_ok[:, None] & n_ok[None, :])
-        if READY == 1:  # every thread's a2 stores, then one release increment (as a CTA-wide barrier + fence)
-            tl.debug_barrier()
-            tl.atomic_add(ready_ptr + t, 1, sem="release", scope="gpu")
     else:
         if HAS_BIAS:
             y += tl.load(b_base[:, None] + w_n[None, :], mask=slot_ok[:, None], other=0.0).to(tl.float32)
@@ -406,23 +340,16 @@ def _token_gemv_item(
 
 
 @functools.lru_cache(maxsize=2)
-def _jitted_kernels(interpret: bool) -> dict:
-    """{"two": the one-stage kernel, "one": the fused kernel}, decorated with their helpers in one mode."""
+def _jitted_kernel(interpret: bool):
     del interpret  # part of the cache key only (triton reads its mode when it decorates)
     namespace = dict(globals())
     namespace.update(_decorated_helpers())
-    namespace["_token_gemv_item"] = _decorated(_token_gemv_item, namespace)
     # num_tokens varies with the batch: specializing on it would compile per T.
-    return {"two": _decorated(_token_gemv_kernel, namespace, do_not_specialize=["num_tokens"]),
-            "one": _decorated(_token_fused_kernel, namespace, do_not_specialize=["num_tokens"])}
+    return _decorated(_token_gemv_kernel, namespace, do_not_specialize=["num_tokens"])
 
 
 def _kernel():
-    return _jitted_kernels(_interpreting())["two"]
-
-
-def _fused_kernel():
-    return _jitted_kernels(_interpreting())["one"]
+    return _jitted_kernel(_interpreting())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -460,18 +387,8 @@ def _check_optional(name, t, shape, device, dtypes=None) -> None:
                          f"{'' if t.is_contiguous() else ' (not contiguous)'}")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Stage:
-    """One stage's checked arguments."""
-
-    problem: TokenGemvProblem
-    config: TokenGemvConfig
-    out: torch.Tensor
-    num_experts: int
-
-
-def _check_stage(stage: GemmStage, x, topk_ids, w, bias, topk_weights, expert_map, out, config,
-                 w13_layout: W13Layout, out_dtype) -> _Stage:
+def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, expert_map, out, config,
+            w13_layout: W13Layout, out_dtype) -> torch.Tensor:
     w_name, b_name = ("w13", "b13") if stage is GemmStage.GEMM1 else ("w2", "b2")
     x_name = "hidden" if stage is GemmStage.GEMM1 else "a2"
     _require(x_name, x, 2, _SUPPORTED_DTYPES)
@@ -520,19 +437,11 @@ def _check_stage(stage: GemmStage, x, topk_ids, w, bias, topk_weights, expert_ma
     ok, reason = can_implement(config, problem)
     if not ok:
         raise ValueError(f"config: {reason}")
-    return _Stage(problem, config, out, num_experts)
-
-
-def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, expert_map, out, config,
-            w13_layout: W13Layout, out_dtype) -> torch.Tensor:
-    checked = _check_stage(stage, x, topk_ids, w, bias, topk_weights, expert_map, out, config, w13_layout, out_dtype)
-    problem, config, out = checked.problem, checked.config, checked.out
-    num_tokens, top_k, n_dim, k_dim = problem.num_tokens, problem.top_k, problem.n, problem.k
     if num_tokens == 0 or n_dim == 0:
         return out
     groups = -(-top_k // config.block_j)
     grid = (num_tokens * groups * -(-n_dim // config.block_n),)
-    dependent = _dependent_launch_supported(x.device)
+    dependent = _dependent_launch_supported(device)
     dummy = out  # stands in for absent optional pointers (never read: their constexpr flag is off)
     _kernel()[grid](
         x, topk_ids, expert_map if expert_map is not None else topk_ids,
@@ -601,133 +510,3 @@ def token_gemv2_combine(
         raise TypeError(f"out_dtype: expected one of {_SUPPORTED_DTYPES}, got {out_dtype}")
     return _launch(GemmStage.GEMM2, a2, topk_ids, w2, None, b2, topk_weights, expert_map, out, config,
                    W13Layout.GATE_THEN_UP, out_dtype)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Both stages in one launch.
-
-
-def fused_default_configs(problem1: TokenGemvProblem, problem2: TokenGemvProblem
-                          ) -> tuple[TokenGemvConfig, TokenGemvConfig]:
-    """The one-launch kernel's tiles: GEMV1's default (one slot per item) and GEMV2's narrow tile, both on
-    _GEMV2_NARROW_TILE's warps (one kernel has one warp count)."""
-    config1 = default_config(problem1)
-    block_n, block_k, num_warps = _GEMV2_NARROW_TILE
-    block_j = _next_pow2(problem2.top_k)
-    block_k = max(16, min(block_k, _TILE_ELEMENTS_PER_WARP * num_warps // (block_j * block_n),
-                          _next_pow2(problem2.k)))
-    return (dataclasses.replace(config1, block_j=1, num_warps=num_warps),
-            TokenGemvConfig(block_j, block_n, block_k, num_warps=num_warps))
-
-
-def can_implement_fused(config1: TokenGemvConfig, config2: TokenGemvConfig, problem1: TokenGemvProblem,
-                        problem2: TokenGemvProblem) -> tuple[bool, str]:
-    """(True, "") when token_gemvs runs with these tiles, else (False, why): each stage's can_implement, GEMV1
-    items of one slot (a token's counter target is k x GEMV1 n blocks), one warp count."""
-    for name, config, problem in (("config1", config1, problem1), ("config2", config2, problem2)):
-        ok, reason = can_implement(config, problem)
-        if not ok:
-            return False, f"{name}: {reason}"
-    if config1.block_j != 1:
-        return False, f"config1: block_j {config1.block_j} != 1 (one slot per GEMV1 item)"
-    if config1.num_warps != config2.num_warps:
-        return False, f"config1 / config2: num_warps {config1.num_warps} != {config2.num_warps} (one kernel)"
-    return True, ""
-
-
-def token_sync_buffer(num_tokens: int, device: torch.device | str) -> torch.Tensor:
-    """token_gemvs' counters, zeroed: int32 [1 + T] (the ticket, then one counter per token). A caller that
-    makes it before the routing launch keeps its zeroing off the path between routing and the GEMVs."""
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-        raise ValueError(f"num_tokens: expected an int >= 0, got {num_tokens!r}")
-    return torch.zeros(1 + num_tokens, dtype=torch.int32, device=device)
-
-
-def token_gemvs(
-    hidden: torch.Tensor,
-    topk_ids: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    activation: Activation | str = Activation.SWIGLU,
-    *,
-    b13: torch.Tensor | None = None,
-    b2: torch.Tensor | None = None,
-    input_weights: torch.Tensor | None = None,
-    output_weights: torch.Tensor | None = None,
-    expert_map: torch.Tensor | None = None,
-    w13_layout: W13Layout = W13Layout.GATE_THEN_UP,
-    out_dtype: torch.dtype | None = None,
-    out: torch.Tensor | None = None,
-    sync: torch.Tensor | None = None,
-    configs: tuple[TokenGemvConfig, TokenGemvConfig] | None = None,
-) -> torch.Tensor:
-    """GEMV1, GEMV2 and the combine in one launch -> out [T, H], bit-equal to token_gemv1 followed by
-    token_gemv2_combine with the same tiles. Programs claim GEMV1 items, then GEMV2 items, by a ticket; a GEMV2
-    item loads its first weight tile, then waits on its token's count of finished GEMV1 items, so GEMV2's
-    weight stream starts while GEMV1's last programs drain.
-
-    hidden [T, H]; topk_ids [T, k] int32; w13 [E, 2I, H] in `w13_layout`; w2 [E, H, I]; b13 [E, 2I] (public
-    order), b2 [E, H]; input_weights [T, k] fp32: the router weight scales each slot's input (before b13);
-    output_weights [T, k] fp32: it scales each slot's output (at most one of the two); expert_map as in
-    token_gemv1. sync: token_sync_buffer(T) (zeros; consumed by this launch), made here when None.
-    configs: (GEMV1 tile, GEMV2 tile), fused_default_configs when None.
-    """
-    if not isinstance(w13_layout, W13Layout):
-        raise TypeError(f"w13_layout: expected a W13Layout, got {w13_layout!r}")
-    activation = Activation.parse(activation)
-    if input_weights is not None and output_weights is not None:
-        raise ValueError("input_weights / output_weights: the router weight is on the input or on the output, "
-                         "not both")
-    if out_dtype is None:
-        out_dtype = hidden.dtype if isinstance(hidden, torch.Tensor) else None
-    if out_dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"out_dtype: expected one of {_SUPPORTED_DTYPES}, got {out_dtype}")
-    if configs is not None and (not isinstance(configs, tuple) or len(configs) != 2
-                                or not all(isinstance(c, TokenGemvConfig) for c in configs)):
-        raise TypeError(f"configs: expected a (TokenGemvConfig, TokenGemvConfig) tuple or None, got {configs!r}")
-    stage1 = _check_stage(GemmStage.GEMM1, hidden, topk_ids, w13, b13, input_weights, expert_map, None,
-                          configs[0] if configs else None, w13_layout, hidden.dtype)
-    a2 = stage1.out
-    stage2 = _check_stage(GemmStage.GEMM2, a2, topk_ids, w2, b2, output_weights, expert_map, out,
-                          configs[1] if configs else None, W13Layout.GATE_THEN_UP, out_dtype)
-    if stage1.num_experts != stage2.num_experts:
-        raise ValueError(f"w2: expected {stage1.num_experts} experts (as w13), got {stage2.num_experts}")
-    problem1, problem2 = stage1.problem, stage2.problem
-    config1, config2 = configs if configs is not None else fused_default_configs(problem1, problem2)
-    ok, reason = can_implement_fused(config1, config2, problem1, problem2)
-    if not ok:
-        raise ValueError(f"configs: {reason}")
-    out = stage2.out
-    num_tokens, top_k, inter, hidden_size = problem1.num_tokens, problem1.top_k, problem1.n, problem1.k
-    if sync is None:
-        sync = token_sync_buffer(num_tokens, hidden.device)
-    else:
-        _require("sync", sync, 1, (torch.int32,), hidden.device)
-        if sync.shape[0] != 1 + num_tokens or not sync.is_contiguous():
-            raise ValueError(f"sync: expected a contiguous int32 [{1 + num_tokens}] (token_sync_buffer), "
-                             f"got {list(sync.shape)}")
-    if num_tokens == 0 or hidden_size == 0:
-        return out
-    items = (num_tokens * top_k * -(-inter // config1.block_n)
-             + num_tokens * -(-top_k // config2.block_j) * -(-hidden_size // config2.block_n))
-    dependent = _dependent_launch_supported(hidden.device)
-    weights = input_weights if input_weights is not None else output_weights
-    dummy = out  # stands in for absent optional pointers (never read: their constexpr flag is off)
-    _fused_kernel()[(items,)](
-        hidden, topk_ids, expert_map if expert_map is not None else topk_ids,
-        weights if weights is not None else dummy, w13, b13 if b13 is not None else dummy, a2,
-        w2, b2 if b2 is not None else dummy, out, sync,
-        num_tokens, inter, hidden_size,
-        hidden.stride(0), w13.stride(0), w13.stride(1), inter * w13.stride(1),
-        b13.stride(0) if b13 is not None else 0, a2.stride(0), w2.stride(0), w2.stride(1),
-        b2.stride(0) if b2 is not None else 0, out.stride(0),
-        TOP_K=top_k, ACTIVATION=_ACTIVATION_CODE[activation], HAS_MAP=expert_map is not None,
-        WEIGHTS_ON_INPUT=input_weights is not None, WEIGHTS_ON_OUTPUT=output_weights is not None,
-        HAS_B13=b13 is not None, HAS_B2=b2 is not None, W13_CHUNK=GATE_UP_CHUNK if problem1.chunked else 0,
-        EVEN_K1=hidden_size % config1.block_k == 0, EVEN_K2=inter % config2.block_k == 0,
-        DEPENDENT_LAUNCH=dependent, launch_pdl=dependent,
-        BLOCK_N1=config1.block_n, BLOCK_K1=config1.block_k, BLOCK_J2=config2.block_j, BLOCK_N2=config2.block_n,
-        BLOCK_K2=config2.block_k,
-        num_warps=config1.num_warps, num_stages=1,
-    )
-    return out

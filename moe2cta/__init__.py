@@ -13,7 +13,7 @@ units) and combine, behind one small API:
 Importing moe2cta needs neither a GPU nor the CuTe DSL: kernels are imported and built when first used.
 """
 from .api import BackendPlan, MoELayer, auto_triton_max_tokens, fused_moe, is_supported, route
-from .config import Backend, Gemm1Input, IdCheck, MoEConfig, TokenLaunches
+from .config import Backend, Gemm1Input, IdCheck, MoEConfig
 from .graphed import GraphedMoELayer, GraphInputs, GraphOutput
 from .grouped_gemm import Activation
 from .grouped_gemm.epilogue import W13Layout, pack_gate_up_rows, unpack_gate_up_rows
@@ -36,7 +36,6 @@ __all__ = [
     "RouterWeightOn",
     "RoutingConfig",
     "Scoring",
-    "TokenLaunches",
     "W13Layout",
     "auto_triton_max_tokens",
     "fused_moe",

@@ -46,7 +46,7 @@ import os
 import torch
 
 from . import tuning
-from .config import Backend, Gemm1Input, IdCheck, MoEConfig, TokenLaunches, parse_w13_layout
+from .config import Backend, Gemm1Input, IdCheck, MoEConfig, parse_w13_layout
 from .grouped_gemm import Activation, GemmStage
 from .grouped_gemm.epilogue import GATE_UP_CHUNK, W13Layout, pack_gate_up_rows, unpack_gate_up_rows
 from .reference import RouterWeightOn, moe_forward_reference
@@ -465,17 +465,11 @@ def _kernel_w13(layer: "MoELayer") -> tuple[torch.Tensor, W13Layout]:
     return layer.w13, layer.w13_layout
 
 
-def _forward_triton_tokens(layer: "MoELayer", hidden, topk_weights, topk_ids, sync=None):
-    """A batch of a few tokens: GEMV1 per (token, expert) slot, then GEMV2 with the combine, from topk_ids; in one
-    launch (layer.token_launches ONE; sync: its zeroed counters, made before routing) or two."""
+def _forward_triton_tokens(layer: "MoELayer", hidden, topk_weights, topk_ids):
+    """A batch of a few tokens: GEMV1 per (token, expert) slot, then GEMV2 with the combine, from topk_ids."""
     gemv = layer._token_gemv  # the module, looked up once when the layer was built
     on_input = layer.config.router_weight_on is RouterWeightOn.INPUT
     w13, layout = _kernel_w13(layer)
-    if layer.token_launches is TokenLaunches.ONE:
-        return gemv.token_gemvs(hidden, topk_ids, w13, layer.w2, layer.config.activation, b13=layer.b13,
-                                b2=layer.b2, input_weights=topk_weights if on_input else None,
-                                output_weights=None if on_input else topk_weights, expert_map=layer.expert_map,
-                                w13_layout=layout, out_dtype=hidden.dtype, sync=sync)
     a2 = gemv.token_gemv1(hidden, topk_ids, w13, layer.config.activation, b13=layer.b13,
                           topk_weights=topk_weights if on_input else None, expert_map=layer.expert_map,
                           w13_layout=layout)
@@ -647,8 +641,6 @@ class MoELayer:
     gemm1_input (Gemm1Input, CUTE batches): TOKEN_ROWS lets the sm_90 GEMM1 read the token rows itself where its
     regular kernel runs (no gather launch), GATHERED_COPY always gathers the rows into expert order first, AUTO
     takes TOKEN_ROWS where it was measured faster.
-    token_launches (TokenLaunches): whether the token GEMVs run as one launch (ONE: GEMV2 starts streaming its
-    weights while GEMV1 drains) or two (TWO).
     `plan` says which backend runs a batch (`backend_for(num_tokens)`); `backend` is the one of decode-sized
     batches and `prefill_backend` that of larger ones (the same unless AUTO split them); `backend_reason` says
     why (the AUTO fallbacks, each with its reason).
@@ -673,7 +665,6 @@ class MoELayer:
         token_gemv_max_tokens: int | None = None,
         w13_layout: W13Layout | str = W13Layout.GATE_THEN_UP,
         gemm1_input: Gemm1Input | str = Gemm1Input.AUTO,
-        token_launches: TokenLaunches | str = TokenLaunches.ONE,
     ):
         if routing is not None and not isinstance(routing, RoutingConfig):
             raise TypeError(f"routing: expected a RoutingConfig or None, got {type(routing).__name__}")
@@ -704,7 +695,6 @@ class MoELayer:
         )
         self.id_check = IdCheck.parse(id_check)
         self.gemm1_input = Gemm1Input.parse(gemm1_input)
-        self.token_launches = TokenLaunches.parse(token_launches)
         if token_gemv_max_tokens is not None and (
                 isinstance(token_gemv_max_tokens, bool) or not isinstance(token_gemv_max_tokens, int)
                 or token_gemv_max_tokens < 0):
@@ -793,15 +783,12 @@ class MoELayer:
         top_k = topk_ids.shape[1] if topk_ids is not None else self.config.top_k
         backend = self.plan.for_batch(num_tokens, top_k, self.num_global_experts)
         if backend is Backend.TRITON and self._runs_token_gemvs(num_tokens):
-            # ONE launch's counters are zeroed here, ahead of routing, not between routing and the GEMVs
-            sync = (self._token_gemv.token_sync_buffer(num_tokens, hidden.device)
-                    if self.token_launches is TokenLaunches.ONE else None)
             if topk_ids is None:
                 topk_weights, topk_ids = _router_api().route(
                     router_logits, self.config.routing, self.e_score_correction_bias, backend=_triton_router_backend())
             topk_weights = topk_weights.to(torch.float32).contiguous()
             topk_ids = topk_ids.to(torch.int32).contiguous()
-            return _forward_triton_tokens(self, hidden, topk_weights, topk_ids, sync)
+            return _forward_triton_tokens(self, hidden, topk_weights, topk_ids)
         disp = None
         if self.backend is Backend.TORCH:
             if topk_ids is None:

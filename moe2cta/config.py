@@ -25,7 +25,6 @@ __all__ = [
     "RouterWeightOn",
     "RoutingConfig",
     "Scoring",
-    "TokenLaunches",
     "W13Layout",
     "DEFAULT_TILE_HEIGHTS",
     "parse_w13_layout",
@@ -90,24 +89,6 @@ class Gemm1Input(enum.Enum):
     @classmethod
     def parse(cls, value: "Gemm1Input | str") -> "Gemm1Input":
         return _parse_enum(cls, value, "gemm1_input")
-
-
-class TokenLaunches(enum.Enum):
-    """How the TRITON backend's token path (a few tokens, no dispatch) launches its two GEMVs.
-
-    TWO: GEMV1 (grouped_gemm.triton_token_gemv.token_gemv1), then GEMV2 + combine as a programmatic dependent
-    launch: GEMV2's programs start reading weights once GEMV1's whole grid has finished. ONE: both in one launch
-    (token_gemvs): GEMV2's items load their first weight tile while GEMV1's last items finish, then wait on
-    per-token counters. Same arithmetic; ONE's GEMV2 always takes the narrow tile (one warp count per kernel),
-    so the bits match TWO's where TWO's GEMV2 takes it too.
-    """
-
-    ONE = "one"
-    TWO = "two"
-
-    @classmethod
-    def parse(cls, value: "TokenLaunches | str") -> "TokenLaunches":
-        return _parse_enum(cls, value, "token_launches")
 
 
 def parse_w13_layout(value: "W13Layout | str") -> W13Layout:

@@ -388,9 +388,6 @@ BACKENDS: dict[str, BackendSpec] = {
               gemm1_input="gathered_copy"),
         _ours("cute-token-rows", "CUTE", "moe2cta.MoELayer, Backend.CUTE, Gemm1Input.TOKEN_ROWS", needs_cuda=True,
               gemm1_input="token_rows"),
-        # the token path as two launches (GEMV1, then GEMV2 + combine), as it ran before run v26: A/B control
-        _ours("auto-two-launches", "AUTO", "moe2cta.MoELayer, Backend.AUTO, TokenLaunches.TWO", needs_cuda=False,
-              token_launches="two"),
         BackendSpec(
             "cute-tuned",
             BackendFamily.OURS,

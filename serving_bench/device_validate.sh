@@ -250,13 +250,9 @@ prefill-ncu-stalls)  # Nsight Compute sections (speed of light, memory, warp sta
 token-gemv)  # the Triton layer's token GEMVs beside its grouped GEMMs at decode sizes (+ kernel config sweep at T=1)
     step token-gemv 300 python3 -m moe2cta.serving_bench.token_gemv_bench --models ${GEMV_MODELS:-all} --tokens ${GEMV_TOKENS:-1 2 4 8 16} \
         ${GEMV_SWEEP:+--sweep} ${GEMV_CHAIN:+--chain} --json "$out/token-gemv${GEMV_CHAIN:+-chain}.json" ;;
-token-launches)  # the layer's token path as one launch (auto) and as two (auto-two-launches), interleaved, at decode sizes
-    step token-launches 240 python3 -m moe2cta.serving_bench --models ${LAUNCH_MODELS:-qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b} \
-        --tokens ${LAUNCH_TOKENS:-1,2,4,8} --backends auto,auto-two-launches --order interleaved --time-per-case 0.1 \
-        --out "$out/token-launches" --progress off --no-plots ;;
 token-gemv-tests)
     step token-gemv-tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" \
-        "$repo/tests/test_triton_token_gemv.py" ${GEMV_TESTS_API-"$repo/tests/test_api.py"} ;;
+        "$repo/tests/test_triton_token_gemv.py" "$repo/tests/test_api.py" ;;
 token-gemv-ncu)  # Nsight Compute, application replay, L2 kept between kernels: time, DRAM bytes, L2 hit rate of GEMV1
     # and GEMV2 (three rotated routings) and of a plain read of the same bytes (results/token-prefetch-*)
     for cell in ${GEMV_NCU_CELLS:-qwen3-30b-a3b:1 gpt-oss-120b:1}; do

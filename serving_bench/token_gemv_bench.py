@@ -18,9 +18,7 @@ check the default config.
 process: the router alone, GEMV1 alone, GEMV2 alone (topk ids / weights given), GEMV1 + GEMV2 (the layer given
 topk ids / weights) and the whole layer (router logits in), each part timed twice (the second round in reverse
 order) and reported as the mean of its two medians. layer - gemvs is what routing adds to the chain;
-gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves. The layer parts run the token path
-as two launches (TokenLaunches.TWO); gemvs-one and layer-one are the same with both GEMVs in one launch (ONE),
-whose output is checked against the reference as well.
+gemvs - gemv1 - gemv2 what the boundary between the two GEMVs costs or saves.
 
 --profile runs GEMV1 + GEMV2 eagerly, no timing, for a profiler: PROFILE_ROUNDS times on rotated routings,
 after a warm-up outside cudaProfilerStart / Stop (run it under `ncu --profile-from-start off`). Then, as a plain
@@ -36,7 +34,7 @@ import sys
 
 import torch
 
-from moe2cta import Backend, MoELayer, TokenLaunches, is_supported, route
+from moe2cta import Backend, MoELayer, is_supported, route
 from moe2cta.grouped_gemm import triton_token_gemv as tk
 from moe2cta.grouped_gemm.epilogue import GemmStage, W13Layout, pack_gate_up_rows
 from moe2cta.presets import PRESETS, get_preset
@@ -148,17 +146,15 @@ def sweep_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
     return rows
 
 
-CHAIN_PARTS = ("route", "gemv1", "gemv2", "gemvs", "layer", "gemvs-one", "layer-one")
+CHAIN_PARTS = ("route", "gemv1", "gemv2", "gemvs", "layer")
 
 
 def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int) -> dict:
     """Median us of each CHAIN_PARTS entry (see the module docstring) on rotated inputs, the layer checked first."""
     device = weights.w13.device
-    layers = {launches: MoELayer(weights.w13, weights.w2, backend=Backend.TRITON, token_gemv_max_tokens=num_tokens,
-                                 routing=preset.routing, activation=preset.activation, b13=weights.b13, b2=weights.b2,
-                                 e_score_correction_bias=weights.e_score_correction_bias, token_launches=launches)
-              for launches in (TokenLaunches.TWO, TokenLaunches.ONE)}
-    layer, layer_one = layers[TokenLaunches.TWO], layers[TokenLaunches.ONE]
+    layer = MoELayer(weights.w13, weights.w2, backend=Backend.TRITON, token_gemv_max_tokens=num_tokens,
+                     routing=preset.routing, activation=preset.activation, b13=weights.b13, b2=weights.b2,
+                     e_score_correction_bias=weights.e_score_correction_bias)
     bias = weights.e_score_correction_bias
     bytes_per_input = num_tokens * (preset.hidden * 2 + preset.num_experts * 4)
     inputs = []
@@ -169,10 +165,8 @@ def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
     hidden, logits = inputs[0][:2]
     reference = make_reference(hidden, weights, route_twin(logits, preset.routing, bias), preset.activation)
     verdict = check_output(layer(hidden, logits), reference, num_tokens, preset.hidden)
-    one = check_output(layer_one(hidden, logits), reference, num_tokens, preset.hidden)
-    row = {"model": preset.name, "tokens": num_tokens, "check": verdict.status.value, "rel_err": verdict.rel_err,
-           "check_one": one.status.value, "rel_err_one": one.rel_err}
-    if verdict.status is not CheckStatus.PASS or one.status is not CheckStatus.PASS:
+    row = {"model": preset.name, "tokens": num_tokens, "check": verdict.status.value, "rel_err": verdict.rel_err}
+    if verdict.status is not CheckStatus.PASS:
         return row
     parts = {
         "route": lambda h, lg, w, ids, a2: route(lg, preset.routing, bias, backend=Backend.TRITON),
@@ -181,8 +175,6 @@ def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
                                                                   out_dtype=h.dtype),
         "gemvs": lambda h, lg, w, ids, a2: layer(h, topk_weights=w, topk_ids=ids),
         "layer": lambda h, lg, w, ids, a2: layer(h, lg),
-        "gemvs-one": lambda h, lg, w, ids, a2: layer_one(h, topk_weights=w, topk_ids=ids),
-        "layer-one": lambda h, lg, w, ids, a2: layer_one(h, lg),
     }
     assert list(parts) == list(CHAIN_PARTS)
     row["median_us"], row["round_medians_us"] = _two_rounds(parts, inputs, device, timing)
@@ -267,14 +259,12 @@ def main(argv=None) -> int:
             chain = chain_cell(preset, weights, num_tokens, timing, args.seed + num_tokens)
             chains.append(chain)
             if "median_us" not in chain:
-                print(f"{preset.name:16s} T={num_tokens:<5d} layer FAIL (two launches {chain['rel_err']:.1e}, one "
-                      f"{chain['rel_err_one']:.1e})", flush=True)
+                print(f"{preset.name:16s} T={num_tokens:<5d} layer FAIL ({chain['rel_err']:.1e})", flush=True)
                 continue
             us = chain["median_us"]
             print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(f"{k} {v:7.1f}" for k, v in us.items())
                   + f" | routing adds {us['layer'] - us['gemvs']:5.1f}, gemvs - gemv1 - gemv2 "
-                  f"{us['gemvs'] - us['gemv1'] - us['gemv2']:5.1f} us, one launch / two: gemvs "
-                  f"{us['gemvs-one'] / us['gemvs']:.3f}, layer {us['layer-one'] / us['layer']:.3f}", flush=True)
+                  f"{us['gemvs'] - us['gemv1'] - us['gemv2']:5.1f} us", flush=True)
         for num_tokens in () if args.chain or args.profile else args.tokens:
             row = bench_cell(preset, weights, num_tokens, ceilings, timing, args.seed + num_tokens)
             rows.append(row)
