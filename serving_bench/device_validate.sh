@@ -295,6 +295,11 @@ layer-padding)  # the layer's time per content of A's padding rows (as left, zer
     step layer-padding 300 python3 -m moe2cta.serving_bench.layer_padding_probe \
         --models ${PADDING_MODELS:-deepseek-v3 qwen3-235b-a22b qwen3-30b-a3b gpt-oss-120b} --tokens ${PADDING_TOKENS:-2048 8192} \
         --backend ${PADDING_BACKEND:-cute} --json "$out/layer-padding.json" ;;
+layer-routings)  # prefill cells per routing: uniform (the grid's) beside balanced (T*k/E rows per expert: no tails, so
+    # padding only where T*k/E is not a multiple of the tile height), auto beside torch._grouped_mm
+    step layer-routings 400 python3 -m moe2cta.serving_bench --models ${ROUTINGS_MODELS:-mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b} \
+        --tokens ${ROUTINGS_TOKENS:-2048,8192,32768} --routing ${ROUTINGS:-uniform,balanced} --backends auto,grouped-mm \
+        --time-per-case 0.05 --out "$out/layer-routings" --progress off --no-plots ;;
 layer-prefill)  # prefill cells of every model, cute beside triton
     step layer-prefill 240 python3 -m moe2cta.serving_bench --models mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b \
         --tokens 2048,8192,32768 --backends triton,cute --time-per-case 0.05 --out "$out/layer-prefill" --progress off --no-plots ;;
