@@ -37,6 +37,7 @@ import enum
 import torch
 
 from .api import MoELayer
+from .capture import capture_cuda_graph
 from .config import Backend
 from .router.config import parse_enum
 from .validation import FLOAT_DTYPES, INT_DTYPES, require_tensor
@@ -204,7 +205,7 @@ class GraphedMoELayer:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with capture_cuda_graph(graph, pool=self._pool):
                 out = self._forward_static(size)
             torch.cuda.synchronize()
         self._graphs[size] = (graph, out)

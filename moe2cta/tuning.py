@@ -43,6 +43,7 @@ import statistics
 import tempfile
 from typing import Callable, Iterable
 
+from .capture import capture_cuda_graph
 from .grouped_gemm.budget import Arch, WorkUnit
 from .grouped_gemm import epilogue
 from .grouped_gemm.epilogue import Activation, GemmStage
@@ -348,7 +349,7 @@ def batched_event_timer(fn: Callable[[], None], warmup: int = 2, samples: int = 
     if graph:
         try:
             cuda_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(cuda_graph, stream=stream):
+            with capture_cuda_graph(cuda_graph, stream=stream):
                 for _ in range(batch):
                     fn()
             run_batch = cuda_graph.replay

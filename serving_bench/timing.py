@@ -30,6 +30,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from moe2cta.capture import capture_cuda_graph
+
 __all__ = ["GraphCapture", "TimingMode", "TimingConfig", "TimingResult", "time_callable", "time_interleaved",
            "rotation_count", "interleaved_rounds", "balanced_orders"]
 
@@ -266,7 +268,7 @@ def _capture_graphs(fn, inputs, pool=None) -> list:
     graphs = []
     for args in inputs:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with capture_cuda_graph(graph, pool=pool):  # a failed capture leaves the stream and torch's RNG as they were
             fn(*args)
         graphs.append(graph)
     torch.cuda.synchronize()

@@ -233,3 +233,35 @@ def test_gpu_graphed_input_errors_name_the_argument():
     with pytest.raises(TypeError, match="topk_ids: expected dtype in"):
         by_ids(hidden, topk_weights=torch.ones(4, 4, device="cuda"), topk_ids=torch.ones(4, 4, device="cuda"))
     assert graphed.captured_sizes == () and by_ids.captured_sizes == ()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_failed_capture_leaves_the_stream_and_the_generator_as_they_were():
+    """A capture invalidated by a host sync raises, and afterwards the caller's stream is current again and the default
+    CUDA generator draws as before (torch.cuda.graph alone leaves both in capture state: torch 2.11). The benchmark's
+    timing falls back to eager timing for such a callable and leaves them the same way."""
+    from moe2cta.capture import capture_cuda_graph
+    from moe2cta.serving_bench.timing import TimingConfig, TimingMode, time_callable
+
+    stream = torch.cuda.Stream()
+    x = torch.randn(256, 256, device="cuda")
+    with torch.cuda.stream(stream):
+        with pytest.raises(Exception):
+            with capture_cuda_graph(torch.cuda.CUDAGraph()):
+                x @ x
+                torch.cuda.synchronize()  # not allowed while capturing
+        assert torch.cuda.current_stream() == stream
+    assert torch.randn(8, device="cuda").isfinite().all()
+
+    def syncing(a):
+        b = a @ a
+        torch.cuda.synchronize()
+        return b
+
+    before = torch.cuda.current_stream()
+    result = time_callable(syncing, [(x,)], torch.device("cuda"), TimingConfig(warmup_calls=1, min_samples=3,
+                                                                                 max_samples=5, target_seconds=0.01))
+    assert result.mode is TimingMode.CUDA_EVENTS and "graph capture failed" in result.note
+    assert torch.cuda.current_stream() == before
+    assert torch.randn(8, device="cuda").isfinite().all()
