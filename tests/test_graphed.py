@@ -3,7 +3,8 @@
 CPU tier: the size lookup, the padding bookkeeping (against a model of the static buffers over random call
 sequences) and the argument errors. GPU tier (marker gpu): every call equals the layer's own eager forward on the
 padded batch bit for bit, on each GPU backend and both input forms; the static inputs hold that batch where the
-graph reads it; the output modes; the eager fallback; the input errors.
+graph reads it; the output modes; the eager fallback; the input errors; a failed capture (moe2cta.capture, which
+GraphedMoELayer, the tuner and the benchmark's timing use) leaves the caller's stream and torch's RNG usable.
 """
 from __future__ import annotations
 
