@@ -20,16 +20,19 @@ def capture_cuda_graph(graph: torch.cuda.CUDAGraph, *, pool=None, stream: torch.
     torch 2.11, before the default CUDA generator leaves capture mode: every later random draw from it on that
     device then raises "Offset increment outside graph capture encountered unexpectedly". On any exception this
     makes the caller's stream current again, runs an empty capture (which ends normally and so takes the generator
-    out of capture mode), and lets the exception propagate.
+    out of capture mode), and lets the exception propagate (the original one also when that cleanup cannot run).
     """
     previous = torch.cuda.current_stream()
     try:
         with torch.cuda.graph(graph, pool=pool, stream=stream):
             yield
     except BaseException:
-        torch.cuda.set_stream(previous)
-        with torch.cuda.device(previous.device), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns that the graph is empty
-            with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                pass
+        try:
+            torch.cuda.set_stream(previous)
+            with torch.cuda.device(previous.device), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch warns that the graph is empty
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    pass
+        except Exception:  # a device that cannot capture now (a sticky error): the original exception says why
+            pass
         raise
