@@ -8,7 +8,8 @@ DYNAMIC), a cuBLAS batched matmul over the experts at the same mean rows per exp
 same total shape ([valid rows, K] x [K, N]: the practical ceiling a grouped GEMM cannot beat). Routing
 (`--routing`): `random`, every token picks top_k distinct experts uniformly; `model`, the model's own router
 on i.i.d. N(0,1) logits (the layer benchmark's `uniform` cells: group-limited routers such as DeepSeek-V3's
-load some experts twice the mean).
+load some experts twice the mean); `balanced`, every expert T*k/E rows (+-1: no spread, and no tail where that
+is a multiple of the tile).
 Timing (METHOD.md): one CUDA graph per candidate holding 4 calls over 4 rotated input copies; the graphs
 are replayed in 15 interleaved rounds (clocks drift with temperature and power during a run; interleaving
 gives every candidate the same conditions) and each reports its median. Every grouped result is compared
@@ -182,13 +183,16 @@ def problems_of(preset):
                             None, preset.has_bias, True))
 
 
-def build(models, out_dir: str) -> None:
-    """Compile (no GPU) every model's preset kernels plus the variant configurations into out_dir."""
+def build(models, out_dir: str, variants=None) -> None:
+    """Compile (no GPU) every model's preset kernels plus the variant configurations (those named in `variants`,
+    default all) into out_dir."""
     extra = []
     for name in models:
         preset = get_preset(name)
         for problem in problems_of(preset):
-            extra += [(cfg, problem) for cfg in dict.fromkeys(variant_configs(problem).values()) if cfg is not None]
+            configs = variant_configs(problem)
+            chosen = configs.values() if variants is None else [configs[v] for v in variants]
+            extra += [(cfg, problem) for cfg in dict.fromkeys(chosen) if cfg is not None]
         written = s90.compile_for_preset(preset, out_dir, extra_configs=extra)
         extra = []
         print(f"{name}: {len(written)} kernels -> {out_dir}", flush=True)
@@ -211,8 +215,12 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def routed_counts(routing: str, preset, tokens: int, gen: torch.Generator) -> torch.Tensor:
-    """Rows per expert (int32 [E], CPU) of one batch: `random` (top_k distinct experts per token, uniform) or
-    `model` (the preset's router, with a DeepSeek-style correction bias where it has one, on N(0,1) logits)."""
+    """Rows per expert (int32 [E], CPU) of one batch: `random` (top_k distinct experts per token, uniform),
+    `model` (the preset's router, with a DeepSeek-style correction bias where it has one, on N(0,1) logits) or
+    `balanced` (T*k/E rows each; the first T*k % E experts one more)."""
+    if routing == "balanced":
+        rows, experts = tokens * preset.top_k, preset.num_experts
+        return (torch.full((experts,), rows // experts) + (torch.arange(experts) < rows % experts)).to(torch.int32)
     if routing == "random":
         return make_counts("random", tokens, preset.top_k, preset.num_experts, gen)
     logits = torch.randn(tokens, preset.num_experts, generator=gen)
@@ -451,8 +459,9 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=["qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
                                                         "gpt-oss-120b", "mixtral-8x7b"])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
-    parser.add_argument("--routing", choices=["random", "model"], default="random",
-                        help="random: top_k distinct experts per token, uniform; model: the model's own router")
+    parser.add_argument("--routing", choices=["random", "model", "balanced"], default="random",
+                        help="random: top_k distinct experts per token, uniform; model: the model's own router; "
+                             "balanced: T*k/E rows per expert")
     parser.add_argument("--padding", choices=["random", "zero", "bits"], nargs="+", default=["random"],
                         help="content of the padding rows of A: N(0,1) values (default), zeros (what the Triton "
                              "layer path multiplies) or random bit patterns (uninitialized memory); several: "
@@ -466,15 +475,17 @@ def main(argv=None) -> int:
     parser.add_argument("--sustain-only", nargs="+", default=["cute", "dense"], metavar="PREFIX",
                         help="label prefixes of the candidates --sustain measures")
     names = sorted(variant_configs(problems_of(get_preset("qwen3-30b-a3b"))[0]))
-    parser.add_argument("--variants", nargs="+", default=["default"], choices=names, metavar="VARIANT",
-                        help=f"CuTe configurations to time per bundle, of: {', '.join(names)}")
+    parser.add_argument("--variants", nargs="+", default=None, choices=names, metavar="VARIANT",
+                        help=f"CuTe configurations to time per bundle (default: default), or to compile with --build "
+                             f"(default: all), of: {', '.join(names)}")
     parser.add_argument("--build", metavar="DIR", default=None, help="compile the kernels (no GPU) into DIR and exit")
     args = parser.parse_args(argv)
     if args.sustain < 0 or 0 < args.sustain <= 1.0:
         parser.error(f"--sustain: expected 0 (off) or more than 1 s (the first second settles), got {args.sustain}")
     if args.build:
-        build(args.models, args.build)
+        build(args.models, args.build, args.variants)
         return 0
+    variants = args.variants or ["default"]
     bundles = []
     for spec in args.bundle:
         label, sep, path = spec.partition("=")
@@ -488,7 +499,7 @@ def main(argv=None) -> int:
         preset = get_preset(name)
         weights = _weights(preset, torch.device("cuda"), 5)
         for tokens in args.tokens:
-            results += run_cell(preset, tokens, bundles, weights, dog, args.profile, gen, args.variants, args.routing,
+            results += run_cell(preset, tokens, bundles, weights, dog, args.profile, gen, variants, args.routing,
                                 tuple(dict.fromkeys(args.padding)), args.sustain, tuple(args.sustain_only))
         del weights
         torch.cuda.empty_cache()

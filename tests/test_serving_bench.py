@@ -669,6 +669,31 @@ def test_prefill_bench_routed_counts():
     deepseek = PRESETS["deepseek-v3"]
     counts = pgb.routed_counts("model", deepseek, 2048, gen)
     assert int(counts.max()) > 1.5 * 2048 * deepseek.top_k / deepseek.num_experts
+    # `balanced`: T * k / E rows each, the remainder one row apiece on the first experts
+    gpt_oss = PRESETS["gpt-oss-120b"]
+    assert pgb.routed_counts("balanced", gpt_oss, 8192, gen).tolist() == [256] * 128
+    counts = pgb.routed_counts("balanced", PRESETS["mixtral-8x7b"], 3, gen)
+    assert counts.tolist() == [1] * 6 + [0] * 2 and counts.dtype == torch.int32
+
+
+def test_prefill_bench_builds_only_the_named_variants(monkeypatch, tmp_path):
+    """`--build DIR --variants ...` compiles the presets' kernels plus exactly those variants' (all without it)."""
+    from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
+    from moe2cta.serving_bench import prefill_gemm_bench as pgb
+
+    built = {}
+    monkeypatch.setattr(s90, "compile_for_preset", lambda preset, out, extra_configs=(): built.setdefault(
+        preset.name, list(extra_configs)) or [])
+    assert pgb.main(["--models", "gpt-oss-120b", "--build", str(tmp_path), "--variants", "wide", "regular"]) == 0
+    p1, p2 = pgb.problems_of(PRESETS["gpt-oss-120b"])
+    expected = []
+    for problem in (p1, p2):
+        variants = pgb.variant_configs(problem)
+        expected += [(c, problem) for c in dict.fromkeys((variants["wide"], variants["regular"]))]
+    assert built["gpt-oss-120b"] == expected
+    built.clear()
+    assert pgb.main(["--models", "gpt-oss-120b", "--build", str(tmp_path)]) == 0
+    assert len(built["gpt-oss-120b"]) > len(expected)
 
 
 def test_prefill_bench_rejects_an_unknown_padding_or_routing(capsys):
