@@ -12,12 +12,13 @@ rows cost at most a few padding rows, where the 128-row token-as-M tiles of cute
 Two sizes of token tile, one kernel family:
 - decode (tile_m 8..64): one consumer warpgroup, every unit multiplies tile_m token rows (at a few rows per
   expert the tensor cores idle while the weights stream at HBM bandwidth).
-- wide (tile_m 128 or 256): two consumer warpgroups (one for 64 weight rows), each of one or two 64-row wgmma
+- wide (tile_m 128, 160 or 256): two consumer warpgroups (one for 64 weight rows), each of one or two 64-row wgmma
   atoms of weight rows, and the wgmma N chosen per unit on the device: the tile's valid rows rounded up to
   `token_step` (N = token_step, 2 * token_step, ..., tile_m; one mainloop per N, selected by a
   warpgroup-uniform branch; each writes the first N / 2 registers of every atom's accumulator, which is the
-  narrower accumulator's register order). The producer loads only the 64-row boxes of the token tile that
-  hold valid rows and sets each stage's transaction bytes to match.
+  narrower accumulator's register order). The producer loads only the TMA boxes of the token tile that
+  hold valid rows (64-row boxes; 32-row ones for tile_m 160) and sets each stage's transaction bytes to match.
+  tile_m 160 with 256 weight rows holds an expert of up to 160 rows in one unit on a regular stage's weight bytes.
 
 Work units: (token tile, n-block). Token tiles are counted per expert, ceil(counts[e] / tile_m), so tiles
 of padding rows do not exist (the 128-row padding of the dispatch would otherwise make most units empty);
@@ -45,8 +46,8 @@ body on purpose: a pipeline state advanced inside a helper is not carried back t
 v1 hang recorded in docs/perf-notes-sm90.md).
 
 Limits: cluster 1 (no multicast), bf16/fp16, K % 8 == 0, N % tile_n == 0; decode: tile_n a multiple of 64
-(<= 256), tile_m in {8, 16, 32, 64} dividing the row_offsets alignment; wide: tile_n 64, 128 or 256, tile_m 128
-or 256 with tile_m * tile_n <= 128 * 256 (accumulator registers), token_step a multiple of 8 dividing tile_m,
+(<= 256), tile_m in {8, 16, 32, 64} dividing the row_offsets alignment; wide: tile_n 64, 128 or 256, tile_m 128,
+160 or 256 with tile_m * tile_n <= 160 * 256 (accumulator registers), token_step a multiple of 8 dividing tile_m,
 row_offsets multiples of 64.
 """
 from __future__ import annotations
@@ -60,10 +61,9 @@ from cutlass.experimental import primitives as prims
 from cutlass.pipeline import pipeline_init_wait
 
 from .cute_backend import CONSUMERS_COOPERATIVE, SCHED_DYNAMIC, RASTER_N, Sm90GroupedGemmKernel
-from .sm90_grouped_gemm import WIDE_EPI_PAD, WIDE_ROW_ALIGN, wide_epilogue_rows
+from .sm90_grouped_gemm import WIDE_EPI_PAD, wide_epilogue_rows, wide_token_box
 
 WIDE_MIN_TILE_M = 64  # token tiles above this are "wide": several consumer warpgroups, wgmma N chosen per unit
-WIDE_TOKEN_BOX = WIDE_ROW_ALIGN  # rows per TMA box of a wide token tile
 # (WIDE_EPI_PAD: 16 bytes per staging row, so that the 8 rows one stmatrix fragment writes hit distinct banks)
 
 
@@ -89,10 +89,10 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         # boxes (64 rows each, only those holding valid rows are loaded)
         self.token_step = token_step if self.wide and token_step else tile_m
         self.token_sizes = tuple(range(self.token_step, tile_m + 1, self.token_step))
-        self.token_box = WIDE_TOKEN_BOX if self.wide else tile_m
+        self.token_box = wide_token_box(tile_m) if self.wide else tile_m
         self.token_boxes = tile_m // self.token_box
         self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
-        self.epi_rows = wide_epilogue_rows(tile_n)  # wide epilogue: SMEM [epi_rows tokens][out columns + pad]
+        self.epi_rows = wide_epilogue_rows(tile_m, tile_n, self.gated)  # SMEM [epi_rows tokens][out columns + pad]
         self.epi_pitch = self.out_tile_n + WIDE_EPI_PAD
         self.epi_elems = self.epi_rows * self.epi_pitch if self.wide else 8
 

@@ -155,9 +155,13 @@ class Operands(enum.Enum):
 
 
 SWAPPED_TILE_M = (8, 16, 32, 64)  # token rows per unit with WEIGHTS_AS_M (the wgmma N size)
-WIDE_TILE_M = (128, 256)  # WEIGHTS_AS_M "wide" token tiles: wgmma N per unit = valid rows rounded up to token_step
+# WEIGHTS_AS_M "wide" token tiles: wgmma N per unit = valid rows rounded up to token_step. 160 holds a whole expert
+# of 128 +- 32 rows (T * k / E = 128 under a near-uniform routing) in one unit, where 128-row tiles give every expert
+# above 128 rows a second unit that streams its weights once more for a few rows
+WIDE_TILE_M = (128, 160, 256)
 WIDE_TILE_N = (64, 128, 256)  # weight rows of a wide unit: two consumer warpgroups of 1 or 2 wgmma atoms (64: one)
-WIDE_ROW_ALIGN = 64  # wide token tiles are loaded as 64-row TMA boxes: row_offsets must be multiples of it
+WIDE_ROW_ALIGN = 64  # row_offsets of a wide kernel must be multiples of it (every TMA box of a token tile starts there)
+WIDE_MAX_ACC_ELEMS = 256 * 160  # tile_n * tile_m of a wide unit: 160 fp32 accumulator registers per consumer thread
 WIDE_EPI_PAD = 8  # elements of padding per row of the wide epilogue's SMEM staging tile (cute_swapped_backend.py)
 # Defaults of the swapped (decode) kernel, measured on the H200 (docs/perf-notes-sm90.md, v5): it beats the
 # regular kernel up to ~32 rows per expert; token tiles of 16 rows up to 8 rows per expert on average, 32 up
@@ -189,21 +193,49 @@ ALONG_N_MAX_N_BLOCKS = 32
 # Wide WEIGHTS_AS_M kernel (cute_swapped_backend.py): 128/256-row token tiles, wgmma N = valid rows rounded up
 # to 32, 128 weight rows (two consumer warpgroups), STATIC, ALONG_N. Where default_config picks it (measured on the
 # H200, docs/perf-notes-sm90.md v9; GEMM bench of five presets at T = 512..32768):
-# - layers of at most WIDE_MAX_EXPERTS experts at WIDE_ROWS_PER_EXPERT rows per expert (mixtral-8x7b T=512, 128
-#   rows: GEMM1 -12%, GEMM2 -34% against the regular kernel, whose second m-block per expert streams the expert's
+# - layers of at most WIDE_MAX_EXPERTS experts at WIDE_ROWS_PER_EXPERT rows per expert, outside the range of the
+#   160-row tile below (measured at mixtral-8x7b T=512, 128 rows: GEMM1 -12%, GEMM2 -34% against the regular kernel, whose second m-block per expert streams the expert's
 #   235 MB of weights from DRAM again); on 128-256 experts the regular kernel stays 0-9% ahead there;
 # - GEMM2 at WIDE_GEMM2_ROWS_PER_EXPERT rows per expert, 128-row token tiles (qwen3 T=512, 32 rows: -22% / -9%
-#   against the swapped decode kernel), where GEMM1 keeps the decode kernel (equal or better).
+#   against the swapped decode kernel), where GEMM1 keeps the decode kernel (equal or better);
+# - any layer at WIDE160_ROWS_PER_EXPERT rows per expert where N is a multiple of 256: 160-row token tiles on 256
+#   weight rows, one unit per expert of up to 160 rows (docs/perf-notes.md stop 34, results/wide160-h200-2026-12-03;
+#   model routing, 128 rows per expert, GEMM1 / GEMM2 against the kernels the layer ran: qwen3-235b T=2048 -16% /
+#   -11%, qwen3-30b T=2048 -12% (against its token-row GEMM1) / -10%, mixtral-8x7b T=512 -9% / -6% against the
+#   256-row wide tile). The 128-row regular tiles give every expert above 128 rows a second unit that streams its
+#   weights again for a few rows (uniform routing: half the experts); the 128 x 256 wide tile does the same, and the
+#   256 x 128 one re-reads each expert's token tile once per 128 weight rows.
 WIDE_TILE_K = 64
 WIDE_TOKEN_STEP = 32
 WIDE_MAX_EXPERTS = 16
 WIDE_ROWS_PER_EXPERT = (SWAPPED_MAX_ROWS_PER_EXPERT, 192)  # (lowest exclusive, highest inclusive), tile_m 256
 WIDE_GEMM2_ROWS_PER_EXPERT = (16, SWAPPED_MAX_ROWS_PER_EXPERT)  # tile_m 128
+# tile_m 160, tile_n 256 (measured at 128; the range keeps a mean +- 2 sigma expert of a near-uniform routing in
+# one 160-row tile)
+WIDE160_ROWS_PER_EXPERT = (96, 144)
+WIDE160_TILE_M = 160
 
 
-def wide_epilogue_rows(tile_n: int) -> int:
-    """Token rows per pass of the wide epilogue's staging tile: 64, or 32 for 256 weight rows (the SMEM budget)."""
-    return 32 if tile_n > 128 else 64
+def wide_token_box(tile_m: int) -> int:
+    """Rows per TMA box of a wide token tile: 64, or 32 where tile_m is no multiple of 64 (160: an expert's second
+    token tile then starts 160 rows in, a multiple of the box)."""
+    return 64 if tile_m % 64 == 0 else 32
+
+
+def wide_epilogue_rows(tile_m: int, tile_n: int, gated: bool) -> int:
+    """Token rows per pass of the wide epilogue's staging tile [rows][output columns + pad] (a divisor of tile_m): 64,
+    or 32 for 256 weight rows or a tile_m of no multiple of 64, and 16 for the ungated output of a 160 x 256 tile
+    (its 53 KB stages leave room for 4 only beside a tile of at most 16 x 256 or 32 x 128 outputs)."""
+    if tile_m % 64 and tile_n > 128 and not gated:
+        return 16
+    return 32 if tile_n > 128 or tile_m % 64 else 64
+
+
+def wide_epilogue_bytes(tile_m: int, tile_n: int) -> int:
+    """SMEM of the wide epilogue's staging tile, the larger of a gated (tile_n / 2 output columns) and an ungated
+    (tile_n) GEMM's: the stage count depends on the configuration only."""
+    return max(wide_epilogue_rows(tile_m, tile_n, gated) * (tile_n // (2 if gated else 1) + WIDE_EPI_PAD) * 2
+               for gated in (False, True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,9 +329,8 @@ def smem_bytes(config: Sm90GemmConfig, stages: int) -> int:
 
 def _reserved_bytes(config: Sm90GemmConfig) -> int:
     if config.operands is Operands.WEIGHTS_AS_M:  # one more metadata array (token tiles)
-        # decode: no SMEM epilogue; wide: a staging tile of WIDE_EPI_ROWS tokens x (output columns + pad), sized
-        # for GEMM2's tile_n output columns (GEMM1 stores half as many)
-        epi = wide_epilogue_rows(config.tile_n) * (config.tile_n + WIDE_EPI_PAD) * 2 + 128 if config.wide else 0
+        # decode: no SMEM epilogue; wide: a staging tile of wide_epilogue_rows tokens x (output columns + pad)
+        epi = wide_epilogue_bytes(config.tile_m, config.tile_n) + 128 if config.wide else 0
         return BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES * 3 // 2 + 2 * 1024 + epi
     epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES  # (FUSE_TAIL: 64 rows per warpgroup, two)
     # + alignment padding of the three 1 KiB-aligned buffers
@@ -336,9 +367,10 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
             if config.tile_n not in WIDE_TILE_N:
                 return False, (f"tile_n: a wide WEIGHTS_AS_M tile takes {WIDE_TILE_N} weight rows (two consumer "
                                f"warpgroups of one or two 64-row wgmma atoms), got {config.tile_n}")
-            if config.tile_n * config.tile_m > 256 * 128:
+            if config.tile_n * config.tile_m > WIDE_MAX_ACC_ELEMS:
                 return False, (f"tile_m: a wide tile of {config.tile_n} weight rows takes at most "
-                               f"{256 * 128 // config.tile_n} token rows (fp32 accumulator registers), got {config.tile_m}")
+                               f"{WIDE_MAX_ACC_ELEMS // config.tile_n} token rows (fp32 accumulator registers), got "
+                               f"{config.tile_m}")
             step = config.token_step or config.tile_m
             if step % 8 or config.tile_m % step:
                 return False, f"token_step: expected a multiple of 8 dividing tile_m {config.tile_m}, got {step}"
@@ -475,7 +507,13 @@ def wide_config(problem: Sm90Problem, tile_m: int = 256, token_step: int = WIDE_
 
 def wide_default(problem: Sm90Problem, rows_per_expert: float, scheduler: Scheduler | None = None
                  ) -> Sm90GemmConfig | None:
-    """The wide kernel where default_config picks it for this estimate (see WIDE_ROWS_PER_EXPERT), else None."""
+    """The wide kernel where default_config picks it for this estimate (see WIDE160_ROWS_PER_EXPERT,
+    WIDE_ROWS_PER_EXPERT and WIDE_GEMM2_ROWS_PER_EXPERT), else None."""
+    lo, hi = WIDE160_ROWS_PER_EXPERT
+    if lo < rows_per_expert <= hi:
+        cfg = wide_config(problem, tile_m=WIDE160_TILE_M, scheduler=scheduler or Scheduler.STATIC, max_tile_n=256)
+        if cfg is not None and cfg.tile_n == 256:
+            return cfg
     lo, hi = WIDE_ROWS_PER_EXPERT
     if problem.num_experts <= WIDE_MAX_EXPERTS and lo < rows_per_expert <= hi:
         return wide_config(problem, scheduler=scheduler or Scheduler.STATIC)
@@ -957,7 +995,8 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
     out = []
     for problem in (gemm1, gemm2):
         configs = [default_config(problem, rows_per_expert=rows)
-                   for rows in (*SWAPPED_PRESET_ROWS, *WIDE_ROWS_PER_EXPERT, GROUPED_RASTER_MIN_ROWS, None)]
+                   for rows in (*SWAPPED_PRESET_ROWS, *WIDE_ROWS_PER_EXPERT, *WIDE160_ROWS_PER_EXPERT,
+                                GROUPED_RASTER_MIN_ROWS, None)]
         configs += [cfg for cfg in (wide_default(problem, 24),) if cfg is not None]  # GEMM2 at 16-32 rows
         # every decode tile, also where a wide kernel is the default (pinning, tuning)
         configs += [cfg for cfg in (swapped_config(problem, rows) for rows in SWAPPED_PRESET_ROWS) if cfg is not None]

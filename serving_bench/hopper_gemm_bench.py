@@ -140,6 +140,15 @@ def check_variants():
         ("g2_rowscale_bias_wide128_n256_along_m", wide(128, 256, raster=s90.Raster.ALONG_M), p2_bias),
         ("g2_rowscale_wide128_n256_step16_dynamic_many", wide(128, 256, token_step=16, scheduler=s90.Scheduler.DYNAMIC),
          p2),
+        # 160-row token tiles (32-row TMA boxes; an expert's second tile starts 160 rows in), 256 weight rows: 160
+        # accumulator registers per thread, the gated epilogue in 32-row passes and the ungated one in 16-row passes
+        ("g1_swiglu_wide160_n256", wide(160, 256), p1_n512),
+        ("g1_oai_bias_wide160_n256_dynamic_many", wide(160, 256, scheduler=s90.Scheduler.DYNAMIC), p1_oai_n512),
+        ("g2_rowscale_bias_wide160_n256_along_m", wide(160, 256, raster=s90.Raster.ALONG_M), p2_bias),
+        ("g2_rowscale_wide160_n256_step16_dynamic_many", wide(160, 256, token_step=16, scheduler=s90.Scheduler.DYNAMIC),
+         p2),
+        ("g1_gelu_wide160_n128", wide(160, 128), p1_gelu),
+        ("g2_plain_wide160_n128_decode", wide(160, 128), p2_plain),
         # GEMM1 reading the token rows itself (ASource.TOKEN_ROWS: cp.async by the producer warpgroup, the rows
         # of a random permutation of the slots, padding row r reading token r % T)
         ("g1_swiglu_token_rows", dataclasses.replace(single, a_source=TOKEN_ROWS), p1),
@@ -243,7 +252,7 @@ def swapped(tile_m: int, tile_n: int, tile_k: int = 128, scheduler=None, raster=
 
 
 def wide(tile_m: int, tile_n: int, token_step: int = 32, scheduler=None, raster=None):
-    """A wide WEIGHTS_AS_M configuration (token tiles of 128/256 rows, wgmma N chosen per unit)."""
+    """A wide WEIGHTS_AS_M configuration (token tiles of 128/160/256 rows, wgmma N chosen per unit)."""
     return Cfg(tile_m=tile_m, tile_n=tile_n, tile_k=64, operands=s90.Operands.WEIGHTS_AS_M, token_step=token_step,
                scheduler=scheduler or s90.Scheduler.STATIC, raster=raster or s90.Raster.ALONG_N)
 

@@ -259,8 +259,20 @@ def test_wide_swapped_limits_and_key():
     assert wide.wide and s90.can_implement(wide, p1) == (True, "")
     assert s90.can_implement(dataclasses.replace(wide, tile_m=128, token_step=0), p1) == (True, "")
     assert s90.can_implement(dataclasses.replace(wide, tile_m=128, tile_n=256), p1) == (True, "")  # 2 atoms per warpgroup
+    # 160-row token tiles (an expert of 128 +- 32 rows in one unit): 32-row TMA boxes, up to 256 weight rows (160
+    # accumulator registers per thread), 4 stages of 53 KB beside a staging tile of 16 x 256 or 32 x 128 outputs
+    w160 = dataclasses.replace(wide, tile_m=160, tile_n=256)
+    assert s90.can_implement(w160, p1) == (True, "") and s90.resolve_stages(w160) == 4
+    assert s90.can_implement(dataclasses.replace(w160, tile_n=128), p1) == (True, "")
+    assert s90.wide_token_box(160) == 32 and s90.wide_token_box(128) == s90.wide_token_box(256) == 64
+    assert [s90.wide_epilogue_rows(160, 256, gated) for gated in (True, False)] == [32, 16]
+    assert [s90.wide_epilogue_rows(160, 128, gated) for gated in (True, False)] == [32, 32]
+    assert [s90.wide_epilogue_rows(m, n, True) for m, n in ((128, 256), (256, 128), (128, 128))] == [32, 64, 64]
+    assert s90.smem_bytes(w160, 4) <= s90.ARCH_LIMITS[s90.Arch.SM90].smem_per_cta
     for bad, word in ((dataclasses.replace(wide, tile_n=192), "tile_n"), (dataclasses.replace(wide, tile_n=256), "tile_m"),
                       (dataclasses.replace(wide, token_step=24), "token_step"),
+                      (dataclasses.replace(w160, token_step=64), "token_step"),  # 64 does not divide 160
+                      (dataclasses.replace(wide, tile_m=192, token_step=0), "tile_m"),
                       (dataclasses.replace(wide, token_step=12), "token_step"), (dataclasses.replace(wide, token_step=-8), "token_step"),
                       (dataclasses.replace(wide, token_step=True), "token_step"),
                       (s90.Sm90GemmConfig(tile_m=16, tile_n=128, operands=W, token_step=8), "token_step"),
@@ -297,15 +309,27 @@ def test_default_config_by_rows_per_expert():
         assert not s90.default_config(p1, rows_per_expert=rows).wide
     assert s90.default_config(p2, rows_per_expert=lo).tile_m == 32  # the decode kernel below the range
     mixtral2 = s90.Sm90Problem(G2, 4096, 14336, 8, torch.bfloat16, None, False, True)
+    mixtral1 = s90.Sm90Problem(G1, 28672, 4096, 8, torch.bfloat16, Activation.SWIGLU)
     lo, hi = s90.WIDE_ROWS_PER_EXPERT
-    for rows in (lo + 1, 128, hi):
-        for problem in (mixtral2, s90.Sm90Problem(G1, 28672, 4096, 8, torch.bfloat16, Activation.SWIGLU)):
+    lo160, hi160 = s90.WIDE160_ROWS_PER_EXPERT
+    for rows in (lo + 1, lo160, hi160 + 1, hi):
+        for problem in (mixtral2, mixtral1):
             mid = s90.default_config(problem, rows_per_expert=rows)
             assert (mid.wide, mid.tile_m, mid.scheduler) == (True, 256, s90.Scheduler.STATIC), (problem, rows)
         assert not s90.default_config(p2, rows_per_expert=rows).wide  # 128 experts: the regular kernel
+    # about 128 rows per expert: 160-row token tiles on 256 weight rows, any expert count where N allows 256
+    p1_235 = s90.Sm90Problem(G1, 3072, 4096, 128, torch.bfloat16, Activation.SWIGLU)
+    for rows in (lo160 + 0.5, 128, hi160):
+        for problem in (mixtral1, mixtral2, p1, p2, p1_235):
+            mid = s90.default_config(problem, rows_per_expert=rows)
+            assert (mid.wide, mid.tile_m, mid.tile_n, mid.token_step, mid.scheduler) == (
+                True, 160, 256, 32, s90.Scheduler.STATIC), (problem, rows)
+            assert s90.default_overrides_tuning(problem, rows)
+    gpt_oss1 = s90.Sm90Problem(G1, 5760, 2880, 128, torch.bfloat16, Activation.SWIGLU_OAI, True)
+    assert not s90.default_config(gpt_oss1, rows_per_expert=128).wide  # N fits no 256-row tile: regular
     assert not s90.default_config(mixtral2, rows_per_expert=hi + 1).wide
     assert not s90.default_overrides_tuning(mixtral2, hi + 1) and not s90.default_overrides_tuning(p2, None)
-    assert not s90.default_overrides_tuning(p2, 128)
+    assert not s90.default_overrides_tuning(p2, 256)
     many = s90.regular_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1)
     assert (many.operands, many.scheduler, many.raster) == (s90.Operands.TOKENS_AS_M, s90.Scheduler.DYNAMIC,
                                                             s90.Raster.ALONG_N)
@@ -791,6 +815,16 @@ WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
     ("wide128_n256_rowscale_dynamic", s90.wide_config(s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True),
                                                       tile_m=128, max_tile_n=256, scheduler=s90.Scheduler.DYNAMIC),
      s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True)),
+    # 160-row token tiles: 32-row boxes, 160 accumulator registers per thread with 256 weight rows
+    ("wide160_n256_swiglu", s90.wide_config(s90.Sm90Problem(G1, 512, 128, 4, torch.bfloat16, Activation.SWIGLU),
+                                            tile_m=160, max_tile_n=256),
+     s90.Sm90Problem(G1, 512, 128, 4, torch.bfloat16, Activation.SWIGLU)),
+    ("wide160_n256_rowscale_bias", s90.wide_config(s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True),
+                                                   tile_m=160, max_tile_n=256),
+     s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, True, True)),
+    ("wide160_n128_gelu_dynamic", s90.wide_config(s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.GELU_GATED),
+                                                  tile_m=160, scheduler=s90.Scheduler.DYNAMIC),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.GELU_GATED)),
 ]
 
 
