@@ -4,7 +4,7 @@ Three kernels, each described (warp roles, pipelines, limits) in its own file, w
 is imported lazily from here: cute_backend.py (token rows as the wgmma M side: 64/128-row tiles, pair
 units with weight multicast), cute_fused_tail_backend.py (PaddingRows.FUSE_TAIL: the same with an expert's tail
 of <= 64 rows multiplied on the m-block before it) and cute_swapped_backend.py (Operands.WEIGHTS_AS_M: weight rows
-as the M side; 8-64 token rows per unit for decode, or "wide" token tiles of 128/256 rows whose wgmma N is the
+as the M side; 8-64 token rows per unit for decode, or "wide" token tiles of 128/160/256 rows whose wgmma N is the
 unit's valid rows rounded up to `token_step`). This module needs neither a GPU nor the DSL to import.
 
 Host API (semantics of grouped_gemm/reference.py):
@@ -190,7 +190,7 @@ GEMM1_RASTER = Raster.EXPERT_GROUPED_M
 GEMM1_EXPERT_GROUPED_MAX_ROWS = 512
 ALONG_N_MAX_ROWS = 512
 ALONG_N_MAX_N_BLOCKS = 32
-# Wide WEIGHTS_AS_M kernel (cute_swapped_backend.py): 128/256-row token tiles, wgmma N = valid rows rounded up
+# Wide WEIGHTS_AS_M kernel (cute_swapped_backend.py): 128/160/256-row token tiles, wgmma N = valid rows rounded up
 # to 32, 128 weight rows (two consumer warpgroups), STATIC, ALONG_N. Where default_config picks it (measured on the
 # H200, docs/perf-notes-sm90.md v9; GEMM bench of five presets at T = 512..32768):
 # - layers of at most WIDE_MAX_EXPERTS experts at WIDE_ROWS_PER_EXPERT rows per expert, outside the range of the
