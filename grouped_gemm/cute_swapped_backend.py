@@ -86,7 +86,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         self.num_consumer_threads = self.num_consumer_wg * self.threads_per_wg
         self.scan_per_lane = (num_experts + 31) // 32  # experts per lane in the token-tile prefix sum
         # wide: the wgmma N sizes a unit may take (valid rows rounded up to token_step), the token tile's TMA
-        # boxes (64 rows each, only those holding valid rows are loaded)
+        # boxes (wide_token_box rows each, only those holding valid rows are loaded)
         self.token_step = token_step if self.wide and token_step else tile_m
         self.token_sizes = tuple(range(self.token_step, tile_m + 1, self.token_step))
         self.token_box = wide_token_box(tile_m) if self.wide else tile_m

@@ -194,8 +194,9 @@ ALONG_N_MAX_N_BLOCKS = 32
 # to 32, 128 weight rows (two consumer warpgroups), STATIC, ALONG_N. Where default_config picks it (measured on the
 # H200, docs/perf-notes-sm90.md v9; GEMM bench of five presets at T = 512..32768):
 # - layers of at most WIDE_MAX_EXPERTS experts at WIDE_ROWS_PER_EXPERT rows per expert, outside the range of the
-#   160-row tile below (measured at mixtral-8x7b T=512, 128 rows: GEMM1 -12%, GEMM2 -34% against the regular kernel, whose second m-block per expert streams the expert's
-#   235 MB of weights from DRAM again); on 128-256 experts the regular kernel stays 0-9% ahead there;
+#   160-row tile below (measured at mixtral-8x7b T=512, 128 rows: GEMM1 -12%, GEMM2 -34% against the regular
+#   kernel, whose second m-block per expert streams the expert's 235 MB of weights from DRAM again); on 128-256
+#   experts the regular kernel stays 0-9% ahead there;
 # - GEMM2 at WIDE_GEMM2_ROWS_PER_EXPERT rows per expert, 128-row token tiles (qwen3 T=512, 32 rows: -22% / -9%
 #   against the swapped decode kernel), where GEMM1 keeps the decode kernel (equal or better);
 # - any layer at WIDE160_ROWS_PER_EXPERT rows per expert where N is a multiple of 256: 160-row token tiles on 256
