@@ -115,7 +115,7 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "wide_along_m": wide and rep(wide, raster=s90.Raster.ALONG_M),
         "wide_dynamic": wide and rep(wide, scheduler=DYN),
         # 160-row token tiles (an expert of 128 +- 32 rows in one unit) on up to 256 weight rows
-        "wide160": s90.wide_config(problem, tile_m=160, max_tile_n=256),
+        "wide160": s90.wide_config(problem, tile_m=s90.WIDE160_TILE_M, max_tile_n=256),
         # 128 token rows x 256 weight rows (two atoms per warpgroup): a regular stage's weight bytes (None where N
         # is no multiple of 256)
         "wide128_n256": wide256n,
