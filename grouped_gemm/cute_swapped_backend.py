@@ -12,13 +12,16 @@ rows cost at most a few padding rows, where the 128-row token-as-M tiles of cute
 Two sizes of token tile, one kernel family:
 - decode (tile_m 8..64): one consumer warpgroup, every unit multiplies tile_m token rows (at a few rows per
   expert the tensor cores idle while the weights stream at HBM bandwidth).
-- wide (tile_m 128, 160 or 256): two consumer warpgroups (one for 64 weight rows), each of one or two 64-row wgmma
-  atoms of weight rows, and the wgmma N chosen per unit on the device: the tile's valid rows rounded up to
+- wide (tile_m 128, 160, 256 or 288): two consumer warpgroups (one for 64 weight rows), each of one or two 64-row
+  wgmma atoms of weight rows, and the wgmma N chosen per unit on the device: the tile's valid rows rounded up to
   `token_step` (N = token_step, 2 * token_step, ..., tile_m; one mainloop per N, selected by a
   warpgroup-uniform branch; each writes the first N / 2 registers of every atom's accumulator, which is the
-  narrower accumulator's register order). The producer loads only the TMA boxes of the token tile that
-  hold valid rows (64-row boxes; 32-row ones for tile_m 160) and sets each stage's transaction bytes to match.
-  tile_m 160 with 256 weight rows holds an expert of up to 160 rows in one unit on a regular stage's weight bytes.
+  narrower accumulator's register order). A tile above 256 rows (wgmma's largest N) multiplies an N above its
+  half as two wgmma, the first half and the rest, whose accumulators follow each other in that order. The
+  producer loads only the TMA boxes of the token tile that hold valid rows (64-row boxes; 32-row ones for tile_m
+  160 and 288) and sets each stage's transaction bytes to match. tile_m 160 with 256 weight rows holds an expert of
+  up to 160 rows in one unit on a regular stage's weight bytes; tile_m 288 with 128 weight rows one of up to 288
+  rows (256 +- 32).
 
 Work units: (token tile, n-block). Token tiles are counted per expert, ceil(counts[e] / tile_m), so tiles
 of padding rows do not exist (the 128-row padding of the dispatch would otherwise make most units empty);
@@ -45,10 +48,12 @@ scheduler slot, as in cute_backend.py. The producer and consumer loops mirror cu
 body on purpose: a pipeline state advanced inside a helper is not carried back through the DSL's loop (the
 v1 hang recorded in docs/perf-notes-sm90.md).
 
-Limits: cluster 1 (no multicast), bf16/fp16, K % 8 == 0, N % tile_n == 0; decode: tile_n a multiple of 64
+Limits: cluster 1 (no multicast), bf16/fp16, K % 8 == 0; decode: N % tile_n == 0, tile_n a multiple of 64
 (<= 256), tile_m in {8, 16, 32, 64} dividing the row_offsets alignment; wide: tile_n 64, 128 or 256, tile_m 128,
-160 or 256 with tile_m * tile_n <= 160 * 256 (accumulator registers), token_step a multiple of 8 dividing tile_m,
-row_offsets multiples of 64.
+160, 256 or 288 with tile_m * tile_n <= 160 * 256 (accumulator registers), token_step a multiple of 8 dividing
+tile_m (of 16 above 256 rows: each half is a wgmma N), row_offsets multiples of 64, and a partial last n-block where
+N is no multiple of tile_n (TMA zero-fills the weight rows past N; their columns are neither loaded from the bias
+nor stored).
 """
 from __future__ import annotations
 
@@ -61,7 +66,7 @@ from cutlass.experimental import primitives as prims
 from cutlass.pipeline import pipeline_init_wait
 
 from .cute_backend import CONSUMERS_COOPERATIVE, SCHED_DYNAMIC, RASTER_N, Sm90GroupedGemmKernel
-from .sm90_grouped_gemm import WIDE_EPI_PAD, wide_epilogue_rows, wide_token_box
+from .sm90_grouped_gemm import WGMMA_MAX_N, WIDE_EPI_PAD, wide_epilogue_rows, wide_token_box
 
 WIDE_MIN_TILE_M = 64  # token tiles above this are "wide": several consumer warpgroups, wgmma N chosen per unit
 # (WIDE_EPI_PAD: 16 bytes per staging row, so that the 8 rows one stmatrix fragment writes hit distinct banks)
@@ -89,6 +94,11 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         # boxes (wide_token_box rows each, only those holding valid rows are loaded)
         self.token_step = token_step if self.wide and token_step else tile_m
         self.token_sizes = tuple(range(self.token_step, tile_m + 1, self.token_step))
+        # the largest wgmma N of the tile: tile_m, or its half above wgmma's largest N (token_parts)
+        self.mma_tile_m = tile_m if tile_m <= WGMMA_MAX_N else tile_m // 2
+        if tile_m > WGMMA_MAX_N and tile_n > 64 * self.num_consumer_wg:
+            # (the second part's accumulators start at register mma_tile_m / 2 of the one atom per warpgroup)
+            raise ValueError(f"tile_n: a {tile_m}-row token tile takes one wgmma atom per warpgroup, got {tile_n}")
         self.token_box = wide_token_box(tile_m) if self.wide else tile_m
         self.token_boxes = tile_m // self.token_box
         self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
@@ -113,12 +123,13 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
     ):
         self.ab_dtype = a.element_type
         self.c_dtype = c.element_type
-        self.n_blocks = b.shape[1] // self.tile_n
+        self.n = b.shape[1]
+        self.n_blocks = (self.n + self.tile_n - 1) // self.tile_n  # wide: a partial last n-block (TMA zero-fills)
         kmajor = cute.nvgpu.warpgroup.OperandMajorMode.K
         # MMA problem per unit: M = weight rows (tile_n), N = token rows (tile_m)
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype, self.ab_dtype, kmajor, kmajor, self.acc_dtype, (self.mma_wg, 1, 1),
-            tiler_mn=(64, self.tile_m),
+            tiler_mn=(64, self.mma_tile_m),
         )
         mma_mnk = (self.tile_n, self.tile_m, self.tile_k)
         w_smem_staged = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, mma_mnk, self.ab_dtype, self.stages)
@@ -319,25 +330,32 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                 size_index = (valid + (self.token_step - 1)) // self.token_step - 1
                 for v in cutlass.range_constexpr(len(self.token_sizes)):
                     if size_index == v:
+                        # one wgmma per K step and atom, or two above WGMMA_MAX_N rows (the first mma_tile_m rows,
+                        # then the rest, whose accumulator registers follow: the same order as one wider wgmma)
                         n_rows = self.token_sizes[v]
-                        mma_v = sm90_utils.make_trivial_tiled_mma(
-                            self.ab_dtype, self.ab_dtype, cute.nvgpu.warpgroup.OperandMajorMode.K,
-                            cute.nvgpu.warpgroup.OperandMajorMode.K, self.acc_dtype, (self.mma_wg, 1, 1),
-                            tiler_mn=(64, n_rows),
-                        )
-                        thr_v = mma_v.get_slice(ctidx)
-                        sT_v = storage.sT.get_tensor(self.token_rows_layout(t_smem_staged, n_rows),
-                                                     swizzle=t_smem_staged.inner)
-                        tCrW_v = mma_v.make_fragment_A(thr_v.partition_A(sW))
-                        tCrT_v = mma_v.make_fragment_B(thr_v.partition_B(sT_v))
-                        acc_v = cute.make_tensor(
-                            acc.iterator,
-                            cute.make_layout(thr_v.partition_shape_C((self.tile_n, n_rows)), stride=acc.layout.stride),
-                        )
-                        mma_v.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                        parts = []
+                        for first, rows in self.token_parts(n_rows):
+                            mma_p = sm90_utils.make_trivial_tiled_mma(
+                                self.ab_dtype, self.ab_dtype, cute.nvgpu.warpgroup.OperandMajorMode.K,
+                                cute.nvgpu.warpgroup.OperandMajorMode.K, self.acc_dtype, (self.mma_wg, 1, 1),
+                                tiler_mn=(64, rows),
+                            )
+                            thr_p = mma_p.get_slice(ctidx)
+                            sT_p = cute.make_tensor(
+                                cute.recast_ptr(storage.sT.data_ptr() + self.token_row_offset(t_smem_staged, first),
+                                                t_smem_staged.inner, dtype=self.ab_dtype),
+                                self.token_rows_layout(t_smem_staged, rows),
+                            )
+                            acc_p = cute.make_tensor(
+                                acc.iterator + first // 2,
+                                cute.make_layout(thr_p.partition_shape_C((self.tile_n, rows)), stride=acc.layout.stride),
+                            )
+                            mma_p.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                            parts.append((mma_p, acc_p, mma_p.make_fragment_A(thr_p.partition_A(sW)),
+                                          mma_p.make_fragment_B(thr_p.partition_B(sT_p))))
                         for k in cutlass.range(k_tiles, unroll=1):
                             mainloop.consumer_wait(read_state)
-                            self.issue_k_tile(mma_v, acc_v, tCrW_v, tCrT_v, read_state.index)
+                            self.issue_k_tile_parts(parts, read_state.index)
                             cute.nvgpu.warpgroup.wait_group(1)
                             if k > 0:
                                 mainloop.consumer_release(release_state)
@@ -356,6 +374,33 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                     sched_read.advance()
                 else:
                     unit = unit + gdim
+
+    def token_parts(self, n_rows: int):
+        """(first token row, rows) of each wgmma of a unit of n_rows rows: one, or for a tile above WGMMA_MAX_N rows
+        two where n_rows is above its half (mma_tile_m rows, then the rest; every part a multiple of 8 rows). Every
+        N of such a tile then keeps its accumulators in the same two register ranges (from 0 and from
+        mma_tile_m / 2): one wgmma across the boundary made ptxas serialize the wgmma (C7511)."""
+        if n_rows <= self.mma_tile_m:
+            return ((0, n_rows),)
+        return ((0, self.mma_tile_m), (self.mma_tile_m, n_rows - self.mma_tile_m))
+
+    def token_row_offset(self, t_smem_staged, first_row: int) -> int:
+        """Elements from the token tile's start to its row first_row (a multiple of 8: a whole swizzle atom, so
+        the view keeps the swizzle's phase)."""
+        (atom, _groups), _k, _stages = t_smem_staged.outer.shape
+        (_s_atom, s_groups), _ks, _ss = t_smem_staged.outer.stride
+        return (first_row // atom) * s_groups
+
+    @cute.jit
+    def issue_k_tile_parts(self, parts, stage):
+        """The MMAs of one K tile (SMEM stage `stage`) of every part as one committed wgmma group, fenced first
+        (see Sm90GroupedGemmKernel.issue_k_tile)."""
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(parts[0][2], mode=[2])):
+            coord = (None, None, kb, stage)
+            for mma_p, acc_p, tCrW_p, tCrT_p in parts:
+                cute.gemm(mma_p, acc_p, tCrW_p[coord], tCrT_p[coord], acc_p)
+        cute.nvgpu.warpgroup.commit_group()
 
     def token_rows_layout(self, t_smem_staged, n_rows: int):
         """The first n_rows rows of every stage of the token tile (outer layout; same swizzle): the staged
@@ -377,7 +422,9 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         global loads (bias, row scale) all issue before any store; then per epi_rows tokens the values go to SMEM
         [token][output column] by stmatrix.trans (an 8x8 fragment of 8 weight rows x 8 tokens is stored as 8
         token rows of 8 contiguous columns) and from there to global memory in 16-byte row pieces, only the rows
-        of valid tokens (the rows after them belong to the padding or to the next expert)."""
+        of valid tokens (the rows after them belong to the padding or to the next expert). A partial last n-block
+        (N no multiple of tile_n) reads the bias of its last weight row for the rows past N and stores none of their
+        columns."""
         warp = ctidx // 32
         lane = ctidx % 32
         quad = lane % 4
@@ -402,8 +449,8 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                 b_gate = cutlass.Float32(0.0)
                 b_up = cutlass.Float32(0.0)
                 if cutlass.const_expr(self.has_bias):
-                    b_gate = bias[expert, n0 + wrow]
-                    b_up = bias[expert, n0 + wrow + 8]
+                    b_gate = bias[expert, cutlass.min(n0 + wrow, self.n - 1)]
+                    b_up = bias[expert, cutlass.min(n0 + wrow + 8, self.n - 1)]
                 for g in cutlass.range_constexpr(groups):
                     for j in cutlass.range_constexpr(2):
                         gate = acc[acc0 + j + 4 * g] + b_gate
@@ -412,13 +459,15 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             else:
                 b_h = [cutlass.Float32(0.0), cutlass.Float32(0.0)]
                 if cutlass.const_expr(self.has_bias):
-                    b_h = [bias[expert, n0 + wrow], bias[expert, n0 + wrow + 8]]
+                    b_h = [bias[expert, cutlass.min(n0 + wrow, self.n - 1)],
+                           bias[expert, cutlass.min(n0 + wrow + 8, self.n - 1)]]
                 for g in cutlass.range_constexpr(groups):
                     for j in cutlass.range_constexpr(2):
                         for h in cutlass.range_constexpr(2):
                             value = (acc[acc0 + j + 2 * h + 4 * g] + b_h[h]) * scales[j + 2 * g]
                             vals[base + j + 2 * h + 4 * g] = value.to(self.c_dtype)
         pieces = self.out_tile_n // 8  # 16-byte pieces per output row of the unit
+        out_n = self.n // 2 if cutlass.const_expr(self.gated) else self.n  # columns of C
         s8 = cute.zipped_divide(sOut, (1, 8))
         g8 = cute.zipped_divide(mC, (1, 8))
         piece = cute.make_rmem_tensor((8,), self.c_dtype)  # one stmatrix.x4's values
@@ -453,9 +502,14 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                     v = ctidx + self.num_consumer_threads * i
                     r = v // pieces
                     p = v % pieces
-                    if ch * self.epi_rows + r < valid:
-                        cute.autovec_copy(s8[(None, (r, p))], row_piece)
-                        cute.autovec_copy(row_piece, g8[(None, (row0 + ch * self.epi_rows + r, out0 // 8 + p))])
+                    if cutlass.const_expr(self.n % self.tile_n != 0):  # a partial last n-block: columns < N only
+                        if ch * self.epi_rows + r < valid and out0 + 8 * p < out_n:
+                            cute.autovec_copy(s8[(None, (r, p))], row_piece)
+                            cute.autovec_copy(row_piece, g8[(None, (row0 + ch * self.epi_rows + r, out0 // 8 + p))])
+                    else:
+                        if ch * self.epi_rows + r < valid:
+                            cute.autovec_copy(s8[(None, (r, p))], row_piece)
+                            cute.autovec_copy(row_piece, g8[(None, (row0 + ch * self.epi_rows + r, out0 // 8 + p))])
                 self.epi_barrier.arrive_and_wait()
 
     @cute.jit

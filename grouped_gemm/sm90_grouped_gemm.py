@@ -157,8 +157,10 @@ class Operands(enum.Enum):
 SWAPPED_TILE_M = (8, 16, 32, 64)  # token rows per unit with WEIGHTS_AS_M (the wgmma N size)
 # WEIGHTS_AS_M "wide" token tiles: wgmma N per unit = valid rows rounded up to token_step. 160 holds a whole expert
 # of 128 +- 32 rows (T * k / E = 128 under a near-uniform routing) in one unit, where 128-row tiles give every expert
-# above 128 rows a second unit that streams its weights once more for a few rows
-WIDE_TILE_M = (128, 160, 256)
+# above 128 rows a second unit that streams its weights once more for a few rows; 288 (two wgmma of 144 token rows
+# above 256) does the same for 256 +- 32 rows on 128 weight rows
+WIDE_TILE_M = (128, 160, 256, 288)
+WGMMA_MAX_N = 256  # token rows of one wgmma; a wide unit of more multiplies them as two wgmma of half as many
 WIDE_TILE_N = (64, 128, 256)  # weight rows of a wide unit: two consumer warpgroups of 1 or 2 wgmma atoms (64: one)
 WIDE_ROW_ALIGN = 64  # row_offsets of a wide kernel must be multiples of it (every TMA box of a token tile starts there)
 WIDE_MAX_ACC_ELEMS = 256 * 160  # tile_n * tile_m of a wide unit: 160 fp32 accumulator registers per consumer thread
@@ -375,6 +377,10 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
             step = config.token_step or config.tile_m
             if step % 8 or config.tile_m % step:
                 return False, f"token_step: expected a multiple of 8 dividing tile_m {config.tile_m}, got {step}"
+            if config.tile_m > WGMMA_MAX_N and step % 16:
+                return False, (f"token_step: a tile of {config.tile_m} token rows multiplies units above "
+                               f"{WGMMA_MAX_N} rows as two wgmma of half the rows (a multiple of 8 each): expected a "
+                               f"multiple of 16, got {step}")
         elif config.tile_n % 64 or not 64 <= config.tile_n <= 256:
             return False, f"tile_n: WEIGHTS_AS_M takes 64, 128, 192 or 256 weight rows (wgmma M), got {config.tile_n}"
         if config.work_unit is not WorkUnit.SINGLE or config.consumers is not Consumers.COOPERATIVE:
@@ -392,10 +398,12 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         if out_tile_n < EPILOGUE_TILE_N and EPILOGUE_TILE_N % out_tile_n:
             return False, f"tile_n: output tile {out_tile_n} must divide {EPILOGUE_TILE_N}"
     tail_align = N_TAIL_ALIGN[problem.kind]
-    if problem.n % config.tile_n and (swapped or problem.n % tail_align):
-        # the regular kernel takes a partial last n-block (TMA zero-fills B's rows past N and clips C's columns)
+    if problem.n % config.tile_n and ((swapped and not config.wide) or problem.n % tail_align):
+        # the regular and the wide kernel take a partial last n-block (TMA zero-fills B's rows past N, and C's
+        # columns past N are not stored); the decode kernel does not
         return False, (f"n: {problem.n} is not a multiple of tile_n {config.tile_n}"
-                       + ("" if swapped else f" (a partial last n-block needs n a multiple of {tail_align})"))
+                       + (" (WEIGHTS_AS_M decode tiles take whole n-blocks only)" if swapped and not config.wide
+                          else f" (a partial last n-block needs n a multiple of {tail_align})"))
     if problem.kind is GemmStage.GEMM1:
         if problem.activation is None:
             return False, "activation: GEMM1 needs an Activation"
@@ -495,10 +503,13 @@ def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConf
 
 def wide_config(problem: Sm90Problem, tile_m: int = 256, token_step: int = WIDE_TOKEN_STEP,
                 scheduler: Scheduler = Scheduler.STATIC, raster: Raster = Raster.ALONG_N,
-                max_tile_n: int = 128) -> Sm90GemmConfig | None:
+                max_tile_n: int = 128, tile_n: int | None = None) -> Sm90GemmConfig | None:
     """The wide WEIGHTS_AS_M kernel for `problem`: the most weight rows per unit up to max_tile_n that fit (N must
-    be a multiple), or None where none fits."""
-    for tile_n in sorted((n for n in WIDE_TILE_N if n <= max_tile_n), reverse=True):
+    be a multiple), or exactly `tile_n` weight rows where given (a partial last n-block where N is no multiple), or
+    None where none fits."""
+    candidates = (tile_n,) if tile_n is not None else sorted(
+        (n for n in WIDE_TILE_N if n <= max_tile_n and problem.n % n == 0), reverse=True)
+    for tile_n in candidates:
         cfg = Sm90GemmConfig(tile_m=tile_m, tile_n=tile_n, tile_k=WIDE_TILE_K, scheduler=scheduler, raster=raster,
                              operands=Operands.WEIGHTS_AS_M, token_step=token_step)
         if can_implement(cfg, problem)[0]:

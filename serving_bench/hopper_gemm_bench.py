@@ -73,6 +73,8 @@ def check_variants():
     p2_bias = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, True, True)
     p2_plain = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, False, False)
     p2_n384 = Problem(G2, 384, CHECK_I, CHECK_E, bf, None, True, True)  # 1.5 n-blocks of 256
+    p2_n320 = Problem(G2, 320, CHECK_I, CHECK_E, bf, None, True, True)  # 2.5 n-blocks of 128
+    p1_oai_n320 = Problem(G1, 320, CHECK_H, CHECK_E, bf, Activation.SWIGLU_OAI, has_bias=True)
     return [
         ("g1_swiglu_single", single, p1),
         ("g1_swiglu_pair", pair, p1),
@@ -149,6 +151,16 @@ def check_variants():
          p2),
         ("g1_gelu_wide160_n128", wide(160, 128), p1_gelu),
         ("g2_plain_wide160_n128_decode", wide(160, 128), p2_plain),
+        # 288-row token tiles (two wgmma of 144 and up to 144 token rows above 144; "_3blocks": ~288 rows per expert,
+        # some above: a second unit), and partial last n-blocks of the wide kernel (N = 320 on 128 weight rows)
+        ("g1_swiglu_wide288_3blocks", wide(288, 128), p1),
+        ("g1_oai_bias_wide288_dynamic_many", wide(288, 128, scheduler=s90.Scheduler.DYNAMIC), p1_oai),
+        ("g2_rowscale_bias_wide288_n320_3blocks", wide(288, 128), p2_n320),
+        ("g1_oai_bias_wide288_n320_along_m", wide(288, 128, raster=s90.Raster.ALONG_M), p1_oai_n320),
+        ("g2_rowscale_wide288_step16_dynamic_many", wide(288, 128, token_step=16, scheduler=s90.Scheduler.DYNAMIC), p2),
+        ("g1_gelu_wide288_n64", wide(288, 64), p1_gelu),
+        ("g2_plain_wide288_decode", wide(288, 128), p2_plain),
+        ("g2_rowscale_bias_wide256_n320_dynamic", wide(256, 128, scheduler=s90.Scheduler.DYNAMIC), p2_n320),
         # GEMM1 reading the token rows itself (ASource.TOKEN_ROWS: cp.async by the producer warpgroup, the rows
         # of a random permutation of the slots, padding row r reading token r % T)
         ("g1_swiglu_token_rows", dataclasses.replace(single, a_source=TOKEN_ROWS), p1),
@@ -252,7 +264,7 @@ def swapped(tile_m: int, tile_n: int, tile_k: int = 128, scheduler=None, raster=
 
 
 def wide(tile_m: int, tile_n: int, token_step: int = 32, scheduler=None, raster=None):
-    """A wide WEIGHTS_AS_M configuration (token tiles of 128/160/256 rows, wgmma N chosen per unit)."""
+    """A wide WEIGHTS_AS_M configuration (token tiles of 128/160/256/288 rows, wgmma N chosen per unit)."""
     return Cfg(tile_m=tile_m, tile_n=tile_n, tile_k=64, operands=s90.Operands.WEIGHTS_AS_M, token_step=token_step,
                scheduler=scheduler or s90.Scheduler.STATIC, raster=raster or s90.Raster.ALONG_N)
 

@@ -269,6 +269,26 @@ def test_wide_swapped_limits_and_key():
     assert [s90.wide_epilogue_rows(160, 128, gated) for gated in (True, False)] == [32, 32]
     assert [s90.wide_epilogue_rows(m, n, True) for m, n in ((128, 256), (256, 128), (128, 128))] == [32, 64, 64]
     assert s90.smem_bytes(w160, 4) <= s90.ARCH_LIMITS[s90.Arch.SM90].smem_per_cta
+    # 288-row token tiles (an expert of 256 +- 32 rows in one unit): 32-row boxes, at most 128 weight rows (144
+    # accumulator registers), a token_step of 16k (each half of a unit above 144 rows is a wgmma N)
+    w288 = dataclasses.replace(wide, tile_m=288)
+    assert s90.can_implement(w288, p1) == (True, "") and s90.resolve_stages(w288) == 4
+    assert s90.can_implement(dataclasses.replace(w288, token_step=16), p1) == (True, "")
+    assert s90.wide_token_box(288) == 32 and s90.wide_epilogue_rows(288, 128, False) == 32
+    for bad, word in ((dataclasses.replace(w288, tile_n=256), "tile_m"), (dataclasses.replace(w288, token_step=24), "token_step"),
+                      (dataclasses.replace(w288, token_step=8), "token_step")):
+        ok, why = s90.can_implement(bad, p1)
+        assert not ok and why.startswith(word), (bad, why)
+    # a partial last n-block: the wide kernel takes one (gpt-oss GEMM2, N = 2880 on 128 weight rows), the decode one
+    # does not; wide_config picks a whole n-block unless given tile_n
+    p2_oss = s90.Sm90Problem(G2, 2880, 2880, 128, torch.bfloat16, None, True, True)
+    assert s90.can_implement(dataclasses.replace(w288, tile_n=128), p2_oss) == (True, "")
+    assert s90.wide_config(p2_oss, tile_m=288, tile_n=128).tile_n == 128
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_m=16, tile_n=128, operands=W), p2_oss)
+    assert not ok and "whole n-blocks" in why
+    p1_odd = s90.Sm90Problem(G1, 5768, 2880, 128, torch.bfloat16, Activation.SWIGLU)  # 2I not a multiple of 16
+    ok, why = s90.can_implement(w288, p1_odd)
+    assert not ok and why.startswith("n"), why
     for bad, word in ((dataclasses.replace(wide, tile_n=192), "tile_n"), (dataclasses.replace(wide, tile_n=256), "tile_m"),
                       (dataclasses.replace(wide, token_step=24), "token_step"),
                       (dataclasses.replace(w160, token_step=64), "token_step"),  # 64 does not divide 160
@@ -825,7 +845,20 @@ WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
     ("wide160_n128_gelu_dynamic", s90.wide_config(s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.GELU_GATED),
                                                   tile_m=160, scheduler=s90.Scheduler.DYNAMIC),
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.GELU_GATED)),
+    # 288-row token tiles: two wgmma (144 + the rest) above 144 rows, a partial last n-block (N = 320 on 128 rows)
+    ("wide288_rowscale_bias_n320", s90.wide_config(s90.Sm90Problem(G2, 320, 128, 4, torch.bfloat16, None, True, True),
+                                                   tile_m=288, tile_n=128),
+     s90.Sm90Problem(G2, 320, 128, 4, torch.bfloat16, None, True, True)),
+    ("wide288_gelu_step16_dynamic", s90.wide_config(
+        s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.GELU_GATED), tile_m=288, tile_n=128, token_step=16,
+        scheduler=s90.Scheduler.DYNAMIC), s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.GELU_GATED)),
+    ("wide288_oai_bias", s90.wide_config(s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, True),
+                                         tile_m=288, tile_n=128),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, True)),
 ]
+# ptxas spills a few registers of the gated SwiGLU epilogues of the 288-row tile (144 accumulator registers beside
+# the activation's: 4-20 bytes after the last wgmma, measured); every other wide tile spills nothing
+WIDE_EPILOGUE_SPILL_BYTES = {"wide288_oai_bias": 24}
 
 
 @NEEDS_DSL
@@ -838,7 +871,10 @@ def test_compile_wide_and_check_ptx(name, config, problem, tmp_path):
     ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
     step = config.token_step or config.tile_m
-    assert shapes == {f"m64n{n}k16" for n in range(step, config.tile_m + 1, step)}
+    # one wgmma N per size; a tile above 256 rows multiplies a size above its half as half + the rest
+    half = config.tile_m // 2 if config.tile_m > s90.WGMMA_MAX_N else config.tile_m
+    sizes = {n if n <= half else m for n in range(step, config.tile_m + 1, step) for m in (half, n - half)}
+    assert shapes == {f"m64n{n}k16" for n in sizes if n > 0}
     assert "cp.async.bulk.tensor.2d.shared::cta.global" in ptx and "cp.async.bulk.tensor.3d.shared::cta.global" in ptx
     assert re.search(r"mbarrier\.arrive\.expect_tx\.shared(::cta)?\.b64\s+\S+, \[%r\d+\], %r\d+;", ptx)
     assert "multicast::cluster" not in ptx
@@ -847,8 +883,10 @@ def test_compile_wide_and_check_ptx(name, config, problem, tmp_path):
     assert ("atom.global" in ptx or "red.global" in ptx) == (config.scheduler is s90.Scheduler.DYNAMIC)
     if _ptxas() is not None:
         report = _ptxas_report(ptx, tmp_path)
-        assert "C7520" not in report and "C7519" not in report, report
-        assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", report), report
+        # C7511: serialized for want of registers (it did with one wgmma across a 288-row tile's two halves)
+        assert "C7520" not in report and "C7519" not in report and "C7511" not in report, report
+        spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", report)]
+        assert spills and max(spills) <= WIDE_EPILOGUE_SPILL_BYTES.get(name, 0), report
 
 
 def test_pingpong_limits():
