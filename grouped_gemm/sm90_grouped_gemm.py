@@ -195,8 +195,8 @@ ALONG_N_MAX_N_BLOCKS = 32
 # Wide WEIGHTS_AS_M kernel (cute_swapped_backend.py): 128/160/256-row token tiles, wgmma N = valid rows rounded up
 # to 32, 128 weight rows (two consumer warpgroups), STATIC, ALONG_N. Where default_config picks it (measured on the
 # H200, docs/perf-notes-sm90.md v9; GEMM bench of five presets at T = 512..32768):
-# - layers of at most WIDE_MAX_EXPERTS experts at WIDE_ROWS_PER_EXPERT rows per expert, outside the range of the
-#   160-row tile below (measured at mixtral-8x7b T=512, 128 rows: GEMM1 -12%, GEMM2 -34% against the regular
+# - layers of at most WIDE_MAX_EXPERTS experts at WIDE_ROWS_PER_EXPERT rows per expert, outside the ranges of the
+#   160- and 288-row tiles below (measured at mixtral-8x7b T=512, 128 rows: GEMM1 -12%, GEMM2 -34% against the regular
 #   kernel, whose second m-block per expert streams the expert's 235 MB of weights from DRAM again); on 128-256
 #   experts the regular kernel stays 0-9% ahead there;
 # - GEMM2 at WIDE_GEMM2_ROWS_PER_EXPERT rows per expert, 128-row token tiles (qwen3 T=512, 32 rows: -22% / -9%
@@ -217,6 +217,21 @@ WIDE_GEMM2_ROWS_PER_EXPERT = (16, SWAPPED_MAX_ROWS_PER_EXPERT)  # tile_m 128
 # 1.16-1.29x the regular kernel's time: experts above 160 rows need a second unit)
 WIDE160_ROWS_PER_EXPERT = (96, 144)
 WIDE160_TILE_M = 160
+# tile_m 288, tile_n 128 (a partial last n-block where N is no multiple of 128), STATIC, token_step 32, at
+# WIDE288_ROWS_PER_EXPERT rows per expert on at most WIDE288_MAX_EXPERTS experts; GEMM2 only at K >= WIDE288_GEMM2_MIN_K
+# (results/wide288-h200-2026-12-03, model routing, against the regular kernel, GEMM1 / GEMM2):
+# - 192-256 rows per expert: gpt-oss-120b 0.88 / 0.92 (192), 0.94 / 0.96 (224), 0.91 / 0.93 (256); qwen3-235b GEMM1
+#   0.90 / 0.97 / 0.91, qwen3-30b GEMM1 0.94 / 1.00 / 0.96; mixtral-8x7b (256) 0.92 / 0.73; every expert in one unit.
+# - 288 rows: 1.03-1.08 (half the experts need a second unit), 320: 1.20 / 1.28; the range ends at 256.
+# - GEMM2 at short K loses (qwen3-235b K 1536: 1.03, qwen3-30b K 768: 1.10 at 256 rows): a wide unit's epilogue runs
+#   between mainloops, which few K tiles do not hide.
+# - deepseek-v3 T=8192 (256 experts; the bench's routing spreads them over 0-539 rows, so many need a second unit):
+#   1.09 / 1.10.
+WIDE288_ROWS_PER_EXPERT = (144, 256)
+WIDE288_TILE_M = 288
+WIDE288_TILE_N = 128
+WIDE288_MAX_EXPERTS = 128
+WIDE288_GEMM2_MIN_K = 2880
 
 
 def wide_token_box(tile_m: int) -> int:
@@ -520,11 +535,18 @@ def wide_config(problem: Sm90Problem, tile_m: int = 256, token_step: int = WIDE_
 def wide_default(problem: Sm90Problem, rows_per_expert: float, scheduler: Scheduler | None = None
                  ) -> Sm90GemmConfig | None:
     """The wide kernel where default_config picks it for this estimate (see WIDE160_ROWS_PER_EXPERT,
-    WIDE_ROWS_PER_EXPERT and WIDE_GEMM2_ROWS_PER_EXPERT), else None."""
+    WIDE288_ROWS_PER_EXPERT, WIDE_ROWS_PER_EXPERT and WIDE_GEMM2_ROWS_PER_EXPERT), else None."""
     lo, hi = WIDE160_ROWS_PER_EXPERT
     if lo < rows_per_expert <= hi:
         cfg = wide_config(problem, tile_m=WIDE160_TILE_M, scheduler=scheduler or Scheduler.STATIC, max_tile_n=256)
         if cfg is not None and cfg.tile_n == 256:
+            return cfg
+    lo, hi = WIDE288_ROWS_PER_EXPERT
+    if (lo < rows_per_expert <= hi and problem.num_experts <= WIDE288_MAX_EXPERTS
+            and (problem.kind is GemmStage.GEMM1 or problem.k >= WIDE288_GEMM2_MIN_K)):
+        cfg = wide_config(problem, tile_m=WIDE288_TILE_M, scheduler=scheduler or Scheduler.STATIC,
+                          tile_n=WIDE288_TILE_N)
+        if cfg is not None:
             return cfg
     lo, hi = WIDE_ROWS_PER_EXPERT
     if problem.num_experts <= WIDE_MAX_EXPERTS and lo < rows_per_expert <= hi:
@@ -1008,7 +1030,7 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
     for problem in (gemm1, gemm2):
         configs = [default_config(problem, rows_per_expert=rows)
                    for rows in (*SWAPPED_PRESET_ROWS, *WIDE_ROWS_PER_EXPERT, *WIDE160_ROWS_PER_EXPERT,
-                                GROUPED_RASTER_MIN_ROWS, None)]
+                                *WIDE288_ROWS_PER_EXPERT, GROUPED_RASTER_MIN_ROWS, None)]
         configs += [cfg for cfg in (wide_default(problem, 24),) if cfg is not None]  # GEMM2 at 16-32 rows
         # every decode tile, also where a wide kernel is the default (pinning, tuning)
         configs += [cfg for cfg in (swapped_config(problem, rows) for rows in SWAPPED_PRESET_ROWS) if cfg is not None]

@@ -332,11 +332,28 @@ def test_default_config_by_rows_per_expert():
     mixtral1 = s90.Sm90Problem(G1, 28672, 4096, 8, torch.bfloat16, Activation.SWIGLU)
     lo, hi = s90.WIDE_ROWS_PER_EXPERT
     lo160, hi160 = s90.WIDE160_ROWS_PER_EXPERT
-    for rows in (lo + 1, lo160, hi160 + 1, hi):
+    for rows in (lo + 1, lo160):
         for problem in (mixtral2, mixtral1):
             mid = s90.default_config(problem, rows_per_expert=rows)
             assert (mid.wide, mid.tile_m, mid.scheduler) == (True, 256, s90.Scheduler.STATIC), (problem, rows)
         assert not s90.default_config(p2, rows_per_expert=rows).wide  # 128 experts: the regular kernel
+    # about 256 rows per expert: 288-row token tiles on 128 weight rows, on at most 128 experts, GEMM2 at long K only
+    # (gpt-oss GEMM2: N = 2880 in a partial last n-block)
+    lo288, hi288 = s90.WIDE288_ROWS_PER_EXPERT
+    assert lo288 == hi160 and hi >= lo288
+    gpt_oss = [s90.Sm90Problem(G1, 5760, 2880, 128, torch.bfloat16, Activation.SWIGLU_OAI, True),
+               s90.Sm90Problem(G2, 2880, 2880, 128, torch.bfloat16, None, True, True)]
+    deepseek = [s90.Sm90Problem(G1, 4096, 7168, 256, torch.bfloat16, Activation.SWIGLU),
+                s90.Sm90Problem(G2, 7168, 2048, 256, torch.bfloat16, None, False, True)]
+    for rows in (lo288 + 0.5, hi, 256, hi288):
+        for problem in (mixtral1, mixtral2, p1, *gpt_oss):
+            mid = s90.default_config(problem, rows_per_expert=rows)
+            assert (mid.wide, mid.tile_m, mid.tile_n, mid.token_step, mid.scheduler) == (
+                True, 288, 128, 32, s90.Scheduler.STATIC), (problem, rows)
+        for problem in (p2, *deepseek):  # K 768 < WIDE288_GEMM2_MIN_K; 256 experts
+            assert not s90.default_config(problem, rows_per_expert=rows).wide, (problem, rows)
+    for problem in (mixtral1, p1, *gpt_oss):
+        assert not s90.default_config(problem, rows_per_expert=hi288 + 1).wide
     # about 128 rows per expert: 160-row token tiles on 256 weight rows, any expert count where N allows 256
     p1_235 = s90.Sm90Problem(G1, 3072, 4096, 128, torch.bfloat16, Activation.SWIGLU)
     for rows in (lo160 + 0.5, 128, hi160):
@@ -347,8 +364,9 @@ def test_default_config_by_rows_per_expert():
             assert s90.default_overrides_tuning(problem, rows)
     gpt_oss1 = s90.Sm90Problem(G1, 5760, 2880, 128, torch.bfloat16, Activation.SWIGLU_OAI, True)
     assert not s90.default_config(gpt_oss1, rows_per_expert=128).wide  # N fits no 256-row tile: regular
-    assert not s90.default_config(mixtral2, rows_per_expert=hi + 1).wide
-    assert not s90.default_overrides_tuning(mixtral2, hi + 1) and not s90.default_overrides_tuning(p2, None)
+    assert not s90.default_config(mixtral2, rows_per_expert=hi288 + 1).wide
+    assert s90.default_overrides_tuning(mixtral2, hi288) and s90.default_overrides_tuning(gpt_oss1, hi288)
+    assert not s90.default_overrides_tuning(mixtral2, hi288 + 1) and not s90.default_overrides_tuning(p2, None)
     assert not s90.default_overrides_tuning(p2, 256)
     many = s90.regular_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1)
     assert (many.operands, many.scheduler, many.raster) == (s90.Operands.TOKENS_AS_M, s90.Scheduler.DYNAMIC,
@@ -370,7 +388,7 @@ def test_default_config_by_rows_per_expert():
     # an unknown estimate GEMM2's rule (GROUPED_M, MULTIPLY); an explicit STATIC scheduler or PAIR units keep ALONG_N
     # and MULTIPLY
     top = s90.GEMM1_EXPERT_GROUPED_MAX_ROWS
-    for problem, rows in ((p1, s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1), (p1, 256), (p1, top), (mixtral1, 256),
+    for problem, rows in ((p1, s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1), (p1, 300), (p1, top), (mixtral1, 300),
                           (mixtral1, top)):
         g1 = s90.default_config(problem, rows_per_expert=rows)
         assert (g1.operands, g1.scheduler, g1.raster, g1.raster_group_m, g1.padding_rows) == (
