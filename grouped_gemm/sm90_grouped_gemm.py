@@ -220,8 +220,9 @@ WIDE160_TILE_M = 160
 # tile_m 288, tile_n 128 (a partial last n-block where N is no multiple of 128), STATIC, token_step 32, at
 # WIDE288_ROWS_PER_EXPERT rows per expert on at most WIDE288_MAX_EXPERTS experts; GEMM2 only at K >= WIDE288_GEMM2_MIN_K
 # (results/wide288-h200-2026-12-03, model routing, against the regular kernel, GEMM1 / GEMM2):
-# - 192-256 rows per expert: gpt-oss-120b 0.88 / 0.92 (192), 0.94 / 0.96 (224), 0.91 / 0.93 (256); qwen3-235b GEMM1
-#   0.90 / 0.97 / 0.91, qwen3-30b GEMM1 0.94 / 1.00 / 0.96; mixtral-8x7b (256) 0.92 / 0.73; every expert in one unit.
+# - 160-256 rows per expert: gpt-oss-120b 0.87 / 0.89 (160), 0.88 / 0.92 (192), 0.94 / 0.96 (224), 0.91 / 0.93 (256);
+#   qwen3-235b GEMM1 0.86 / 0.90 / 0.97 / 0.91, qwen3-30b GEMM1 0.94 / 1.00 / 0.96 (192-256); mixtral-8x7b (256)
+#   0.92 / 0.73; every expert in one unit (the 160-row tile at 160 rows: 0.97 / 1.13 and 0.99 / 1.00).
 # - 288 rows: 1.03-1.08 (half the experts need a second unit), 320: 1.20 / 1.28; the range ends at 256.
 # - GEMM2 at short K loses (qwen3-235b K 1536: 1.03, qwen3-30b K 768: 1.10 at 256 rows): a wide unit's epilogue runs
 #   between mainloops, which few K tiles do not hide.
