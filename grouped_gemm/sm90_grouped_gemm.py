@@ -157,10 +157,10 @@ class Operands(enum.Enum):
 SWAPPED_TILE_M = (8, 16, 32, 64)  # token rows per unit with WEIGHTS_AS_M (the wgmma N size)
 # WEIGHTS_AS_M "wide" token tiles: wgmma N per unit = valid rows rounded up to token_step. 160 holds a whole expert
 # of 128 +- 32 rows (T * k / E = 128 under a near-uniform routing) in one unit, where 128-row tiles give every expert
-# above 128 rows a second unit that streams its weights once more for a few rows; 288 (two wgmma of 144 token rows
-# above 256) does the same for 256 +- 32 rows on 128 weight rows
+# above 128 rows a second unit that streams its weights once more for a few rows; 288 does the same for 256 +- 32
+# rows on 128 weight rows (a unit above 144 rows as two wgmma: 144 token rows, then the rest)
 WIDE_TILE_M = (128, 160, 256, 288)
-WGMMA_MAX_N = 256  # token rows of one wgmma; a wide unit of more multiplies them as two wgmma of half as many
+WGMMA_MAX_N = 256  # token rows of one wgmma; a wide tile of more takes two per unit above its half
 WIDE_TILE_N = (64, 128, 256)  # weight rows of a wide unit: two consumer warpgroups of 1 or 2 wgmma atoms (64: one)
 WIDE_ROW_ALIGN = 64  # row_offsets of a wide kernel must be multiples of it (every TMA box of a token tile starts there)
 WIDE_MAX_ACC_ELEMS = 256 * 160  # tile_n * tile_m of a wide unit: 160 fp32 accumulator registers per consumer thread
@@ -192,7 +192,7 @@ GEMM1_RASTER = Raster.EXPERT_GROUPED_M
 GEMM1_EXPERT_GROUPED_MAX_ROWS = 512
 ALONG_N_MAX_ROWS = 512
 ALONG_N_MAX_N_BLOCKS = 32
-# Wide WEIGHTS_AS_M kernel (cute_swapped_backend.py): 128/160/256-row token tiles, wgmma N = valid rows rounded up
+# Wide WEIGHTS_AS_M kernel (cute_swapped_backend.py): 128/160/256/288-row token tiles, wgmma N = valid rows rounded up
 # to 32, 128 weight rows (two consumer warpgroups), STATIC, ALONG_N. Where default_config picks it (measured on the
 # H200, docs/perf-notes-sm90.md v9; GEMM bench of five presets at T = 512..32768):
 # - layers of at most WIDE_MAX_EXPERTS experts at WIDE_ROWS_PER_EXPERT rows per expert, outside the ranges of the
@@ -394,8 +394,8 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
             if step % 8 or config.tile_m % step:
                 return False, f"token_step: expected a multiple of 8 dividing tile_m {config.tile_m}, got {step}"
             if config.tile_m > WGMMA_MAX_N and step % 16:
-                return False, (f"token_step: a tile of {config.tile_m} token rows multiplies units above "
-                               f"{WGMMA_MAX_N} rows as two wgmma of half the rows (a multiple of 8 each): expected a "
+                return False, (f"token_step: a tile of {config.tile_m} token rows multiplies a unit above "
+                               f"{config.tile_m // 2} rows as two wgmma (a multiple of 8 rows each): expected a "
                                f"multiple of 16, got {step}")
         elif config.tile_n % 64 or not 64 <= config.tile_n <= 256:
             return False, f"tile_n: WEIGHTS_AS_M takes 64, 128, 192 or 256 weight rows (wgmma M), got {config.tile_n}"
@@ -525,8 +525,8 @@ def wide_config(problem: Sm90Problem, tile_m: int = 256, token_step: int = WIDE_
     None where none fits."""
     candidates = (tile_n,) if tile_n is not None else sorted(
         (n for n in WIDE_TILE_N if n <= max_tile_n and problem.n % n == 0), reverse=True)
-    for tile_n in candidates:
-        cfg = Sm90GemmConfig(tile_m=tile_m, tile_n=tile_n, tile_k=WIDE_TILE_K, scheduler=scheduler, raster=raster,
+    for weight_rows in candidates:
+        cfg = Sm90GemmConfig(tile_m=tile_m, tile_n=weight_rows, tile_k=WIDE_TILE_K, scheduler=scheduler, raster=raster,
                              operands=Operands.WEIGHTS_AS_M, token_step=token_step)
         if can_implement(cfg, problem)[0]:
             return cfg
