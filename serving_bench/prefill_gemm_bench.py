@@ -118,9 +118,9 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "wide160": s90.wide_config(problem, tile_m=s90.WIDE160_TILE_M, max_tile_n=256),
         # 288-row token tiles (an expert of 256 +- 32 rows in one unit) on 128 weight rows, a partial last n-block
         # where N is no multiple of 128
-        "wide288": s90.wide_config(problem, tile_m=288, tile_n=128),
-        "wide288_dynamic": s90.wide_config(problem, tile_m=288, tile_n=128, scheduler=DYN),
-        "wide288_step16": s90.wide_config(problem, tile_m=288, tile_n=128, token_step=16),
+        "wide288": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N),
+        "wide288_dynamic": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N, scheduler=DYN),
+        "wide288_step16": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N, token_step=16),
         # 128 token rows x 256 weight rows (two atoms per warpgroup): a regular stage's weight bytes (None where N
         # is no multiple of 256)
         "wide128_n256": wide256n,
