@@ -25,7 +25,9 @@ Two sizes of token tile, one kernel family:
 
 Work units: (token tile, n-block). Token tiles are counted per expert, ceil(counts[e] / tile_m), so tiles
 of padding rows do not exist (the 128-row padding of the dispatch would otherwise make most units empty);
-every CTA builds that prefix sum in SMEM at start (one warp, shuffle scan). Raster ALONG_M puts the
+every CTA builds that prefix sum in SMEM at start (one warp, shuffle scan). A wide tile holds tile_m rows of its
+expert, the rest going to the last (ExpertSplit.FILL), or the same share of them rounded up to the TMA box
+(ExpertSplit.EVEN: 320 rows on 288-row tiles as 160 + 160, not 288 + 32). Raster ALONG_M puts the
 token tiles of one n-block next to each other, so experts with several tiles share the weight tile in L2;
 ALONG_N puts the n-blocks of one token tile next to each other (the token tile stays in L2, and the CTAs
 in flight stream the neighbouring weight tiles of a few experts).
@@ -66,7 +68,7 @@ from cutlass.experimental import primitives as prims
 from cutlass.pipeline import pipeline_init_wait
 
 from .cute_backend import CONSUMERS_COOPERATIVE, SCHED_DYNAMIC, RASTER_N, Sm90GroupedGemmKernel
-from .sm90_grouped_gemm import WGMMA_MAX_N, WIDE_EPI_PAD, wide_epilogue_rows, wide_token_box
+from .sm90_grouped_gemm import WGMMA_MAX_N, WIDE_EPI_PAD, ExpertSplit, wide_epilogue_rows, wide_token_box
 
 WIDE_MIN_TILE_M = 64  # token tiles above this are "wide": several consumer warpgroups, wgmma N chosen per unit
 # (WIDE_EPI_PAD: 16 bytes per staging row, so that the 8 rows one stmatrix fragment writes hit distinct banks)
@@ -77,7 +79,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
     consumer warpgroups."""
 
     def __init__(self, *, tile_m, tile_n, tile_k, stages, epilogue, has_bias, has_row_scale, num_experts, scheduler,
-                 raster, num_sms, token_step=0):
+                 raster, num_sms, token_step=0, expert_split=ExpertSplit.FILL.value):
         super().__init__(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=stages, cluster_m=1, epilogue=epilogue,
             has_bias=has_bias, has_row_scale=has_row_scale, num_experts=num_experts, scheduler=scheduler,
@@ -101,6 +103,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             raise ValueError(f"tile_n: a {tile_m}-row token tile takes one wgmma atom per warpgroup, got {tile_n}")
         self.token_box = wide_token_box(tile_m) if self.wide else tile_m
         self.token_boxes = tile_m // self.token_box
+        self.even_split = self.wide and expert_split == ExpertSplit.EVEN.value
         self.epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
         self.epi_rows = wide_epilogue_rows(tile_m, tile_n, self.gated)  # SMEM [epi_rows tokens][out columns + pad]
         self.epi_pitch = self.out_tile_n + WIDE_EPI_PAD
@@ -206,8 +209,16 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             nb = unit % self.n_blocks
             tile = unit // self.n_blocks
         expert = self.expert_of_row(s_tiles, tile)  # largest e with s_tiles[e] <= tile: a non-empty expert
-        first = (tile - s_tiles[expert]) * self.tile_m  # within the expert
-        valid = cutlass.min(cutlass.Int32(self.tile_m), s_counts[expert] - first)
+        count = s_counts[expert]
+        rows = cutlass.Int32(self.tile_m)
+        if cutlass.const_expr(self.even_split):
+            # ExpertSplit.EVEN: ceil(count / tiles) rows per tile, rounded up to the TMA box (at most tile_m, as
+            # tile_m is a multiple of the box; the last tile keeps at least one row: (tiles - 1) * tile_m < count)
+            tiles = s_tiles[expert + 1] - s_tiles[expert]
+            share = (count + tiles - 1) // tiles
+            rows = (share + (self.token_box - 1)) // self.token_box * self.token_box
+        first = (tile - s_tiles[expert]) * rows  # within the expert
+        valid = cutlass.min(rows, count - first)
         return s_rows[expert] + first, nb, expert, valid
 
     # ------------------------------------------------------------------ the kernel

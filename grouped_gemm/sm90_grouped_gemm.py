@@ -36,6 +36,7 @@ __all__ = [
     "PaddingRows",
     "EpilogueStore",
     "ASource",
+    "ExpertSplit",
     "Sm90GemmConfig",
     "Sm90Problem",
     "can_implement",
@@ -147,6 +148,15 @@ class ASource(enum.Enum):
     TOKEN_ROWS = "token_rows"
 
 
+class ExpertSplit(enum.Enum):
+    """How a wide WEIGHTS_AS_M kernel spreads an expert's rows over its ceil(rows / tile_m) token tiles."""
+
+    FILL = "fill"  # tile_m rows per tile, the rest in the last (289 rows on 288-row tiles: 288 + 1)
+    # the same share per tile, rounded up to the token tile's TMA box (289 rows: 160 + 129): no tile streams the
+    # expert's weights for a few rows, and the tiles of one expert take about the same time
+    EVEN = "even"
+
+
 class Operands(enum.Enum):
     """Which side of the wgmma the token rows are (the kernel family file of each: see the module docstring)."""
 
@@ -233,6 +243,8 @@ WIDE288_TILE_M = 288
 WIDE288_TILE_N = 128
 WIDE288_MAX_EXPERTS = 128
 WIDE288_GEMM2_MIN_K = 2880
+# how the 160- and 288-row tiles the policy picks spread an expert's rows over its tiles
+WIDE_EXPERT_SPLIT = ExpertSplit.FILL
 
 
 def wide_token_box(tile_m: int) -> int:
@@ -276,6 +288,7 @@ class Sm90GemmConfig:
     # WEIGHTS_AS_M wide token tiles (tile_m in WIDE_TILE_M): the granularity of the per-unit wgmma N (0: tile_m,
     # one size); decode tiles take 0
     token_step: int = 0
+    expert_split: ExpertSplit = ExpertSplit.FILL  # wide tiles only
     a_source: ASource = ASource.EXPERT_ORDER_COPY
     epilogue_store: EpilogueStore = EpilogueStore.AFTER_MAINLOOP
 
@@ -378,6 +391,10 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     if config.token_step and not config.wide:
         return False, (f"token_step: only WEIGHTS_AS_M token tiles of {WIDE_TILE_M} rows take one "
                        f"(got {config.token_step})")
+    if not isinstance(config.expert_split, ExpertSplit):
+        return False, f"expert_split: expected an ExpertSplit, got {config.expert_split!r}"
+    if config.expert_split is not ExpertSplit.FILL and not config.wide:
+        return False, f"expert_split: only WEIGHTS_AS_M token tiles of {WIDE_TILE_M} rows take {config.expert_split}"
     if swapped:
         if config.tile_m not in SWAPPED_TILE_M + WIDE_TILE_M:
             return False, (f"tile_m: expected one of {SWAPPED_TILE_M + WIDE_TILE_M} token rows with WEIGHTS_AS_M, "
@@ -519,7 +536,8 @@ def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConf
 
 def wide_config(problem: Sm90Problem, tile_m: int = 256, token_step: int = WIDE_TOKEN_STEP,
                 scheduler: Scheduler = Scheduler.STATIC, raster: Raster = Raster.ALONG_N,
-                max_tile_n: int = 128, tile_n: int | None = None) -> Sm90GemmConfig | None:
+                max_tile_n: int = 128, tile_n: int | None = None,
+                expert_split: ExpertSplit = ExpertSplit.FILL) -> Sm90GemmConfig | None:
     """The wide WEIGHTS_AS_M kernel for `problem`: the most weight rows per unit up to max_tile_n that fit (N must
     be a multiple), or exactly `tile_n` weight rows where given (a partial last n-block where N is no multiple), or
     None where none fits."""
@@ -527,7 +545,7 @@ def wide_config(problem: Sm90Problem, tile_m: int = 256, token_step: int = WIDE_
         (n for n in WIDE_TILE_N if n <= max_tile_n and problem.n % n == 0), reverse=True)
     for weight_rows in candidates:
         cfg = Sm90GemmConfig(tile_m=tile_m, tile_n=weight_rows, tile_k=WIDE_TILE_K, scheduler=scheduler, raster=raster,
-                             operands=Operands.WEIGHTS_AS_M, token_step=token_step)
+                             operands=Operands.WEIGHTS_AS_M, token_step=token_step, expert_split=expert_split)
         if can_implement(cfg, problem)[0]:
             return cfg
     return None
@@ -539,14 +557,15 @@ def wide_default(problem: Sm90Problem, rows_per_expert: float, scheduler: Schedu
     WIDE288_ROWS_PER_EXPERT, WIDE_ROWS_PER_EXPERT and WIDE_GEMM2_ROWS_PER_EXPERT), else None."""
     lo, hi = WIDE160_ROWS_PER_EXPERT
     if lo < rows_per_expert <= hi:
-        cfg = wide_config(problem, tile_m=WIDE160_TILE_M, scheduler=scheduler or Scheduler.STATIC, max_tile_n=256)
+        cfg = wide_config(problem, tile_m=WIDE160_TILE_M, scheduler=scheduler or Scheduler.STATIC, max_tile_n=256,
+                          expert_split=WIDE_EXPERT_SPLIT)
         if cfg is not None and cfg.tile_n == 256:
             return cfg
     lo, hi = WIDE288_ROWS_PER_EXPERT
     if (lo < rows_per_expert <= hi and problem.num_experts <= WIDE288_MAX_EXPERTS
             and (problem.kind is GemmStage.GEMM1 or problem.k >= WIDE288_GEMM2_MIN_K)):
         cfg = wide_config(problem, tile_m=WIDE288_TILE_M, scheduler=scheduler or Scheduler.STATIC,
-                          tile_n=WIDE288_TILE_N)
+                          tile_n=WIDE288_TILE_N, expert_split=WIDE_EXPERT_SPLIT)
         if cfg is not None:
             return cfg
     lo, hi = WIDE_ROWS_PER_EXPERT
@@ -750,6 +769,7 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ())
         + ((("padding", config.padding_rows.value),) if config.padding_rows is not PaddingRows.MULTIPLY else ())
         + ((("token_step", config.token_step or config.tile_m),) if config.wide else ())
+        + ((("split", config.expert_split.value),) if config.expert_split is not ExpertSplit.FILL else ())
         + ((("a_source", config.a_source.value),) if config.a_source is not ASource.EXPERT_ORDER_COPY else ())
         + ((("store", config.epilogue_store.value),) if config.epilogue_store is not EpilogueStore.AFTER_MAINLOOP
            else ()),
@@ -792,7 +812,8 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
     if config.operands is Operands.WEIGHTS_AS_M:
         from .cute_swapped_backend import Sm90SwappedGroupedGemmKernel
 
-        kernel = Sm90SwappedGroupedGemmKernel(**common, token_step=config.token_step)
+        kernel = Sm90SwappedGroupedGemmKernel(**common, token_step=config.token_step,
+                                              expert_split=config.expert_split.value)
     elif config.padding_rows in FUSED_TAIL_PARTS:
         from .cute_fused_tail_backend import Sm90FusedTailGroupedGemmKernel
 
@@ -1088,6 +1109,7 @@ def kernel_from_key(key: KernelKey) -> tuple[Sm90GemmConfig, Sm90Problem]:
             operands=Operands(extra.get("operands", Operands.TOKENS_AS_M.value)),
             padding_rows=PaddingRows(extra.get("padding", PaddingRows.MULTIPLY.value)),
             token_step=extra.get("token_step", 0),
+            expert_split=ExpertSplit(extra.get("split", ExpertSplit.FILL.value)),
             a_source=ASource(extra.get("a_source", ASource.EXPERT_ORDER_COPY.value)),
             epilogue_store=EpilogueStore(extra.get("store", EpilogueStore.AFTER_MAINLOOP.value)),
         )
@@ -1136,6 +1158,7 @@ def _config_json(config: Sm90GemmConfig) -> dict:
         "operands": config.operands.value,
         "padding_rows": config.padding_rows.value,
         "token_step": config.token_step,
+        "expert_split": config.expert_split.value,
         "a_source": config.a_source.value,
         "epilogue_store": config.epilogue_store.value,
     }

@@ -54,6 +54,7 @@ def check_variants():
     bf = torch.bfloat16
     TOKEN_ROWS = s90.ASource.TOKEN_ROWS
     SKIP = s90.PaddingRows.SKIP
+    EVEN = s90.ExpertSplit.EVEN
     FUSE = s90.PaddingRows.FUSE_TAIL
     SPLIT = s90.PaddingRows.SPLIT_TAIL
     UNDER = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
@@ -161,6 +162,19 @@ def check_variants():
         ("g1_gelu_wide288_n64", wide(288, 64), p1_gelu),
         ("g2_plain_wide288_decode", wide(288, 128), p2_plain),
         ("g2_rowscale_bias_wide256_n320_dynamic", wide(256, 128, scheduler=s90.Scheduler.DYNAMIC), p2_n320),
+        # ExpertSplit.EVEN: an expert's rows spread over its tiles in shares of whole TMA boxes (32 rows on the 160- and
+        # 288-row tiles, 64 on the 256-row one); "_3blocks" puts experts around one tile's size, "_many" has ~15
+        # tiles per expert, and one_expert 1200 rows in 5 tiles of 256 + 176 (288-row tiles)
+        ("g1_swiglu_wide288_even_3blocks", wide(288, 128, split=EVEN), p1),
+        ("g1_oai_bias_wide288_even_dynamic_many", wide(288, 128, scheduler=s90.Scheduler.DYNAMIC, split=EVEN), p1_oai),
+        ("g2_rowscale_bias_wide288_even_n320_3blocks", wide(288, 128, split=EVEN), p2_n320),
+        ("g2_rowscale_wide288_even_step16_dynamic_many", wide(288, 128, token_step=16, scheduler=s90.Scheduler.DYNAMIC,
+                                                              split=EVEN), p2),
+        ("g2_plain_wide288_even_decode", wide(288, 128, split=EVEN), p2_plain),
+        ("g1_swiglu_wide160_even_n256", wide(160, 256, split=EVEN), p1_n512),
+        ("g2_rowscale_bias_wide160_even_n256_along_m_3blocks", wide(160, 256, raster=s90.Raster.ALONG_M, split=EVEN),
+         p2_bias),
+        ("g1_gelu_wide256_even_dynamic_many", wide(256, 128, scheduler=s90.Scheduler.DYNAMIC, split=EVEN), p1_gelu),
         # GEMM1 reading the token rows itself (ASource.TOKEN_ROWS: cp.async by the producer warpgroup, the rows
         # of a random permutation of the slots, padding row r reading token r % T)
         ("g1_swiglu_token_rows", dataclasses.replace(single, a_source=TOKEN_ROWS), p1),
@@ -263,10 +277,11 @@ def swapped(tile_m: int, tile_n: int, tile_k: int = 128, scheduler=None, raster=
                scheduler=scheduler or s90.Scheduler.STATIC, raster=raster or s90.Raster.ALONG_M)
 
 
-def wide(tile_m: int, tile_n: int, token_step: int = 32, scheduler=None, raster=None):
+def wide(tile_m: int, tile_n: int, token_step: int = 32, scheduler=None, raster=None, split=None):
     """A wide WEIGHTS_AS_M configuration (token tiles of 128/160/256/288 rows, wgmma N chosen per unit)."""
     return Cfg(tile_m=tile_m, tile_n=tile_n, tile_k=64, operands=s90.Operands.WEIGHTS_AS_M, token_step=token_step,
-               scheduler=scheduler or s90.Scheduler.STATIC, raster=raster or s90.Raster.ALONG_N)
+               scheduler=scheduler or s90.Scheduler.STATIC, raster=raster or s90.Raster.ALONG_N,
+               expert_split=split or s90.ExpertSplit.FILL)
 
 
 BENCH_MODELS = {"qwen3-30b-a3b": (2048, 768, 128, 8)}  # H, I, E, top_k

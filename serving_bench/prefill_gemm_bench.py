@@ -54,6 +54,7 @@ from moe2cta.serving_bench.hopper_gemm_bench import (
 COPIES = 4
 ROUNDS = 15
 DYN, STATIC = s90.Scheduler.DYNAMIC, s90.Scheduler.STATIC
+EVEN = s90.ExpertSplit.EVEN
 GROUPED = s90.Raster.GROUPED_M
 EXPERT_GROUPED = s90.Raster.EXPERT_GROUPED_M
 
@@ -121,6 +122,10 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "wide288": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N),
         "wide288_dynamic": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N, scheduler=DYN),
         "wide288_step16": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N, token_step=16),
+        # the same tiles with each expert's rows spread evenly over its tiles (ExpertSplit.EVEN: 320 rows as 160 + 160)
+        "wide160_even": s90.wide_config(problem, tile_m=s90.WIDE160_TILE_M, max_tile_n=256, expert_split=EVEN),
+        "wide288_even": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N,
+                                        expert_split=EVEN),
         # 128 token rows x 256 weight rows (two atoms per warpgroup): a regular stage's weight bytes (None where N
         # is no multiple of 256)
         "wide128_n256": wide256n,

@@ -839,6 +839,26 @@ def _check_token_rows_ptx(ptx: str, config):
     assert bool(re.search(r"\b(atom|red)\.global", ptx)) == (config.scheduler is s90.Scheduler.DYNAMIC)
 
 
+def test_expert_split_limits_and_key():
+    """ExpertSplit.EVEN (an expert's rows spread evenly over its token tiles) is a wide-tile choice: the decode and
+    regular kernels refuse it by name, it joins the key of EVEN kernels only (FILL kernels keep their keys), and the key
+    reads back to the same configuration."""
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    EVEN = s90.ExpertSplit.EVEN
+    for tile_m, max_n in ((288, 128), (160, 256), (256, 128), (128, 128)):
+        fill = s90.wide_config(p1, tile_m=tile_m, max_tile_n=max_n)
+        even = s90.wide_config(p1, tile_m=tile_m, max_tile_n=max_n, expert_split=EVEN)
+        assert even == dataclasses.replace(fill, expert_split=EVEN) and s90.can_implement(even, p1) == (True, "")
+        fill_stem, even_stem = (s90.kernel_key(c, p1).file_stem() for c in (fill, even))
+        assert "split" not in fill_stem and even_stem == fill_stem + "_spliteven"
+        assert s90.kernel_from_key(s90.kernel_key(even, p1)) == (dataclasses.replace(even, stages=4 if tile_m > 128 else
+                                                                                     s90.resolve_stages(even)), p1)
+    for bad in (s90.swapped_config(p1, 8), s90.Sm90GemmConfig(), s90.Sm90GemmConfig(tile_n=128, padding_rows=s90.PaddingRows.SKIP)):
+        ok, why = s90.can_implement(dataclasses.replace(bad, expert_split=EVEN), p1)
+        assert not ok and why.startswith("expert_split") and "WEIGHTS_AS_M" in why, why
+    ok, why = s90.can_implement(dataclasses.replace(s90.wide_config(p1, tile_m=288), expert_split="even"), p1)
+    assert not ok and why.startswith("expert_split: expected an ExpertSplit"), why
+
 WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
     ("wide256_swiglu_dynamic", s90.wide_config(s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
@@ -873,6 +893,14 @@ WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
     ("wide288_oai_bias", s90.wide_config(s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, True),
                                          tile_m=288, tile_n=128),
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU_OAI, True)),
+    # ExpertSplit.EVEN: each tile of an expert takes an even share of its rows (the same wgmma sizes and loads)
+    ("wide288_even_rowscale_bias_n320", s90.wide_config(
+        s90.Sm90Problem(G2, 320, 128, 4, torch.bfloat16, None, True, True), tile_m=288, tile_n=128,
+        expert_split=s90.ExpertSplit.EVEN), s90.Sm90Problem(G2, 320, 128, 4, torch.bfloat16, None, True, True)),
+    ("wide160_even_n256_swiglu_dynamic", s90.wide_config(
+        s90.Sm90Problem(G1, 512, 128, 4, torch.bfloat16, Activation.SWIGLU), tile_m=160, max_tile_n=256,
+        scheduler=s90.Scheduler.DYNAMIC, expert_split=s90.ExpertSplit.EVEN),
+     s90.Sm90Problem(G1, 512, 128, 4, torch.bfloat16, Activation.SWIGLU)),
 ]
 # ptxas spills a few registers of the gated SwiGLU epilogues of the 288-row tile (144 accumulator registers beside
 # the activation's: 4-20 bytes after the last wgmma, measured); every other wide tile spills nothing
@@ -905,6 +933,12 @@ def test_compile_wide_and_check_ptx(name, config, problem, tmp_path):
         assert "C7520" not in report and "C7519" not in report and "C7511" not in report, report
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", report)]
         assert spills and max(spills) <= WIDE_EPILOGUE_SPILL_BYTES.get(name, 0), report
+    if config.expert_split is s90.ExpertSplit.EVEN:
+        # the even share is a runtime division per unit decode (producer and consumers), which FILL does not have
+        fill = s90.compile_kernel(dataclasses.replace(config, expert_split=s90.ExpertSplit.FILL), problem,
+                                  keep_ptx=True).__ptx__
+        divisions = [len(re.findall(r"\bdiv\.(?:s|u)32\b", text)) for text in (fill, ptx)]
+        assert divisions[1] > divisions[0], divisions
 
 
 def test_pingpong_limits():
