@@ -238,13 +238,20 @@ WIDE160_TILE_M = 160
 #   between mainloops, which few K tiles do not hide.
 # - deepseek-v3 T=8192 (256 experts; the bench's routing spreads them over 0-539 rows, so many need a second unit):
 #   1.09 / 1.10.
+# - GEMM2 at K >= WIDE288_LONG_K_GEMM2_MIN_K up to WIDE288_LONG_K_MAX_ROWS rows per expert (two tiles; results/
+#   even-split-h200-2026-12-03, 512 rows): mixtral-8x7b (K 14336) 0.85; at shorter K it loses (qwen3-235b K 1536: 1.11,
+#   qwen3-30b K 768: 1.25). GEMM1 at 512 rows: 0.98-1.00 (qwen3, mixtral), left to the regular kernel.
 WIDE288_ROWS_PER_EXPERT = (144, 256)
 WIDE288_TILE_M = 288
 WIDE288_TILE_N = 128
 WIDE288_MAX_EXPERTS = 128
 WIDE288_GEMM2_MIN_K = 2880
-# how the 160- and 288-row tiles the policy picks spread an expert's rows over its tiles
-WIDE_EXPERT_SPLIT = ExpertSplit.FILL
+WIDE288_LONG_K_GEMM2_MIN_K = 8192
+WIDE288_LONG_K_MAX_ROWS = 576
+# how the 160- and 288-row tiles the policy picks spread an expert's rows over its tiles: EVEN (same results, against
+# FILL with the same tiles: 320 rows per expert -8.5% / -19%, deepseek-v3 T=8192 -2.2% / -3.1%, no change where no
+# expert needs a second tile)
+WIDE_EXPERT_SPLIT = ExpertSplit.EVEN
 
 
 def wide_token_box(tile_m: int) -> int:
@@ -554,7 +561,7 @@ def wide_config(problem: Sm90Problem, tile_m: int = 256, token_step: int = WIDE_
 def wide_default(problem: Sm90Problem, rows_per_expert: float, scheduler: Scheduler | None = None
                  ) -> Sm90GemmConfig | None:
     """The wide kernel where default_config picks it for this estimate (see WIDE160_ROWS_PER_EXPERT,
-    WIDE288_ROWS_PER_EXPERT, WIDE_ROWS_PER_EXPERT and WIDE_GEMM2_ROWS_PER_EXPERT), else None."""
+    WIDE288_ROWS_PER_EXPERT with WIDE288_LONG_K_MAX_ROWS, WIDE_ROWS_PER_EXPERT and WIDE_GEMM2_ROWS_PER_EXPERT), else None."""
     lo, hi = WIDE160_ROWS_PER_EXPERT
     if lo < rows_per_expert <= hi:
         cfg = wide_config(problem, tile_m=WIDE160_TILE_M, scheduler=scheduler or Scheduler.STATIC, max_tile_n=256,
@@ -562,6 +569,8 @@ def wide_default(problem: Sm90Problem, rows_per_expert: float, scheduler: Schedu
         if cfg is not None and cfg.tile_n == 256:
             return cfg
     lo, hi = WIDE288_ROWS_PER_EXPERT
+    if problem.kind is GemmStage.GEMM2 and problem.k >= WIDE288_LONG_K_GEMM2_MIN_K:
+        hi = WIDE288_LONG_K_MAX_ROWS
     if (lo < rows_per_expert <= hi and problem.num_experts <= WIDE288_MAX_EXPERTS
             and (problem.kind is GemmStage.GEMM1 or problem.k >= WIDE288_GEMM2_MIN_K)):
         cfg = wide_config(problem, tile_m=WIDE288_TILE_M, scheduler=scheduler or Scheduler.STATIC,
@@ -1052,7 +1061,7 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
     for problem in (gemm1, gemm2):
         configs = [default_config(problem, rows_per_expert=rows)
                    for rows in (*SWAPPED_PRESET_ROWS, *WIDE_ROWS_PER_EXPERT, *WIDE160_ROWS_PER_EXPERT,
-                                *WIDE288_ROWS_PER_EXPERT, GROUPED_RASTER_MIN_ROWS, None)]
+                                *WIDE288_ROWS_PER_EXPERT, WIDE288_LONG_K_MAX_ROWS, GROUPED_RASTER_MIN_ROWS, None)]
         configs += [cfg for cfg in (wide_default(problem, 24),) if cfg is not None]  # GEMM2 at 16-32 rows
         # every decode tile, also where a wide kernel is the default (pinning, tuning)
         configs += [cfg for cfg in (swapped_config(problem, rows) for rows in SWAPPED_PRESET_ROWS) if cfg is not None]

@@ -348,25 +348,34 @@ def test_default_config_by_rows_per_expert():
     for rows in (lo288 + 0.5, hi, 256, hi288):
         for problem in (mixtral1, mixtral2, p1, *gpt_oss):
             mid = s90.default_config(problem, rows_per_expert=rows)
-            assert (mid.wide, mid.tile_m, mid.tile_n, mid.token_step, mid.scheduler) == (
-                True, 288, 128, 32, s90.Scheduler.STATIC), (problem, rows)
+            assert (mid.wide, mid.tile_m, mid.tile_n, mid.token_step, mid.scheduler, mid.expert_split) == (
+                True, 288, 128, 32, s90.Scheduler.STATIC, s90.ExpertSplit.EVEN), (problem, rows)
         for problem in (p2, *deepseek):  # K 768 < WIDE288_GEMM2_MIN_K; 256 experts
             assert not s90.default_config(problem, rows_per_expert=rows).wide, (problem, rows)
     for problem in (mixtral1, p1, *gpt_oss):
         assert not s90.default_config(problem, rows_per_expert=hi288 + 1).wide
+    # GEMM2 at K >= WIDE288_LONG_K_GEMM2_MIN_K (mixtral-8x7b: 14336) keeps the 288-row tile up to two tiles per expert
+    long_k = s90.WIDE288_LONG_K_MAX_ROWS
+    assert mixtral2.k >= s90.WIDE288_LONG_K_GEMM2_MIN_K > max(p.k for p in (p2, *gpt_oss, *deepseek))
+    for rows in (hi288 + 1, 512, long_k):
+        mid = s90.default_config(mixtral2, rows_per_expert=rows)
+        assert (mid.wide, mid.tile_m, mid.expert_split) == (True, 288, s90.ExpertSplit.EVEN), rows
+        assert s90.default_overrides_tuning(mixtral2, rows)
+        for problem in (mixtral1, gpt_oss[1], deepseek[1]):
+            assert not s90.default_config(problem, rows_per_expert=rows).wide, (problem, rows)
+    assert not s90.default_config(mixtral2, rows_per_expert=long_k + 1).wide
     # about 128 rows per expert: 160-row token tiles on 256 weight rows, any expert count where N allows 256
     p1_235 = s90.Sm90Problem(G1, 3072, 4096, 128, torch.bfloat16, Activation.SWIGLU)
     for rows in (lo160 + 0.5, 128, hi160):
         for problem in (mixtral1, mixtral2, p1, p2, p1_235):
             mid = s90.default_config(problem, rows_per_expert=rows)
-            assert (mid.wide, mid.tile_m, mid.tile_n, mid.token_step, mid.scheduler) == (
-                True, 160, 256, 32, s90.Scheduler.STATIC), (problem, rows)
+            assert (mid.wide, mid.tile_m, mid.tile_n, mid.token_step, mid.scheduler, mid.expert_split) == (
+                True, 160, 256, 32, s90.Scheduler.STATIC, s90.ExpertSplit.EVEN), (problem, rows)
             assert s90.default_overrides_tuning(problem, rows)
     gpt_oss1 = s90.Sm90Problem(G1, 5760, 2880, 128, torch.bfloat16, Activation.SWIGLU_OAI, True)
     assert not s90.default_config(gpt_oss1, rows_per_expert=128).wide  # N fits no 256-row tile: regular
-    assert not s90.default_config(mixtral2, rows_per_expert=hi288 + 1).wide
     assert s90.default_overrides_tuning(mixtral2, hi288) and s90.default_overrides_tuning(gpt_oss1, hi288)
-    assert not s90.default_overrides_tuning(mixtral2, hi288 + 1) and not s90.default_overrides_tuning(p2, None)
+    assert not s90.default_overrides_tuning(mixtral1, hi288 + 1) and not s90.default_overrides_tuning(p2, None)
     assert not s90.default_overrides_tuning(p2, 256)
     many = s90.regular_config(p2, rows_per_expert=s90.SWAPPED_MAX_ROWS_PER_EXPERT + 1)
     assert (many.operands, many.scheduler, many.raster) == (s90.Operands.TOKENS_AS_M, s90.Scheduler.DYNAMIC,

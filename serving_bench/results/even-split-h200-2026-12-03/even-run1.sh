@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # stop 36, call 1: ExpertSplit.EVEN (an expert's rows spread evenly over its wide tiles) against FILL and the regular
 # kernel: checks, per-GEMM timings (model routing) at 128 / 256 / 320 / 512 / 1024 rows per expert and deepseek-v3's
-# spread, then racecheck and memcheck
+# spread; the sm90 and layer GPU tests with the policy's wide tiles on EVEN; racecheck and memcheck; then the 288-row
+# tile at 128 rows per expert (against the 160-row one)
 set -uo pipefail
 mkdir -p .kernels && tar xJf .kpack/v29.tar.xz -C .kernels || exit 1
 out=${OUT:-/tmp}/v; mkdir -p $out
@@ -18,7 +19,7 @@ echo "=== checks"; timeout 100 $H --only $EVEN g1_swiglu_wide288_3blocks g2_rows
 P="python3 -m moe2cta.serving_bench.prefill_gemm_bench --bundle new=$K --routing model"
 bench() {  # name timeout models... -- tokens... -- variants...
     local name=$1 t=$2; shift 2
-    echo "=== $name"; timeout $t $P "$@" --json $out/$name.json > $out/$name.txt 2>&1; echo rc=$?
+    echo "=== $name $(date +%T)"; timeout $t $P "$@" --json $out/$name.json > $out/$name.txt 2>&1; echo rc=$?
     grep -E "gemm[12] (cute|dense-c)" $out/$name.txt
 }
 bench deepseek-8192 90 --models deepseek-v3 --tokens 8192 --variants regular wide288 wide288_even
@@ -26,7 +27,8 @@ bench gpt-oss-256-320 90 --models gpt-oss-120b --tokens 8192 10240 --variants re
 bench rows512 120 --models qwen3-235b-a22b qwen3-30b-a3b --tokens 8192 --variants regular wide288 wide288_even
 bench mixtral-2048 60 --models mixtral-8x7b --tokens 2048 --variants regular wide288 wide288_even
 bench rows1024 120 --models gpt-oss-120b deepseek-v3 --tokens 32768 --variants regular wide288_even
-bench rows128 90 --models qwen3-30b-a3b qwen3-235b-a22b --tokens 2048 --variants regular wide160 wide288
-bench mixtral-512 60 --models mixtral-8x7b --tokens 512 --variants regular wide160 wide288
+echo "=== gpu-tests"; (cd /tmp && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests/test_api.py" "$repo/tests/test_sm90_gpu.py" "$repo/tests/test_graphed.py") > $out/gpu-tests.txt 2>&1; echo rc=$?; tail -4 $out/gpu-tests.txt
 echo "=== racecheck"; timeout 90 compute-sanitizer --tool racecheck --racecheck-report hazard $H --routings random one_expert --only g1_swiglu_wide288_even_3blocks g2_rowscale_bias_wide288_even_n320_3blocks g1_swiglu_wide160_even_n256 > $out/racecheck.txt 2>&1; echo rc=$?; tail -2 $out/racecheck.txt
 echo "=== memcheck"; timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 $H --routings zero_experts one_expert --only g2_rowscale_bias_wide288_even_n320_3blocks g2_rowscale_bias_wide160_even_n256_along_m_3blocks g2_plain_wide288_even_decode > $out/memcheck.txt 2>&1; echo rc=$?; tail -2 $out/memcheck.txt
+bench rows128 90 --models qwen3-30b-a3b qwen3-235b-a22b --tokens 2048 --variants regular wide160 wide288
+bench mixtral-512 60 --models mixtral-8x7b --tokens 512 --variants regular wide160 wide288
