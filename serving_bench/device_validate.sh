@@ -173,20 +173,25 @@ wide-checks)  # the wide swapped-operand kernels (and the swapped decode kernels
         g2_rowscale_bias_wide160_n256_along_m g2_rowscale_wide160_n256_step16_dynamic_many g1_gelu_wide160_n128 \
         g2_plain_wide160_n128_decode g1_swiglu_wide288_3blocks g1_oai_bias_wide288_dynamic_many \
         g2_rowscale_bias_wide288_n320_3blocks g1_oai_bias_wide288_n320_along_m g2_rowscale_wide288_step16_dynamic_many \
-        g1_gelu_wide288_n64 g2_plain_wide288_decode g2_rowscale_bias_wide256_n320_dynamic} --json "$out/wide-checks.json" ;;
+        g1_gelu_wide288_n64 g2_plain_wide288_decode g2_rowscale_bias_wide256_n320_dynamic \
+        g1_swiglu_wide288_even_3blocks g1_oai_bias_wide288_even_dynamic_many g2_rowscale_bias_wide288_even_n320_3blocks \
+        g2_rowscale_wide288_even_step16_dynamic_many g2_plain_wide288_even_decode g1_swiglu_wide160_even_n256 \
+        g2_rowscale_bias_wide160_even_n256_along_m_3blocks g1_gelu_wide256_even_dynamic_many} --json "$out/wide-checks.json" ;;
 racecheck-wide)  # shared-memory hazards of the wide kernels (per-unit transaction bytes, partial token tiles)
     step racecheck-wide 150 compute-sanitizer --tool racecheck --racecheck-report hazard \
         python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench --no-pingpong \
         --routings random zero_experts --only ${RACECHECK_WIDE:-g1_oai_bias_wide256_dynamic g2_plain_wide256_n64_along_m \
         g1_gelu_wide128_step16 g1_swiglu_wide128_n256 g2_rowscale_bias_wide128_n256_along_m g1_swiglu_wide160_n256 \
         g2_rowscale_bias_wide160_n256_along_m g1_gelu_wide160_n128 g1_swiglu_wide288_3blocks \
-        g2_rowscale_bias_wide288_n320_3blocks g1_oai_bias_wide288_n320_along_m g1_gelu_wide288_n64} ;;
+        g2_rowscale_bias_wide288_n320_3blocks g1_oai_bias_wide288_n320_along_m g1_gelu_wide288_n64 \
+        g1_swiglu_wide288_even_3blocks g2_rowscale_bias_wide288_even_n320_3blocks g1_swiglu_wide160_even_n256} ;;
 memcheck-wide)
     step memcheck-wide 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench --no-pingpong \
         --routings zero_experts one_expert --only ${MEMCHECK_ONLY:-g1_oai_bias_wide256_dynamic g2_rowscale_wide256_one_size \
         g1_swiglu_wide160_n256 g2_rowscale_wide160_n256_step16_dynamic_many g2_rowscale_bias_wide288_n320_3blocks \
-        g1_oai_bias_wide288_n320_along_m g2_rowscale_wide288_step16_dynamic_many} ;;
+        g1_oai_bias_wide288_n320_along_m g2_rowscale_wide288_step16_dynamic_many \
+        g2_rowscale_bias_wide288_even_n320_3blocks g2_rowscale_bias_wide160_even_n256_along_m_3blocks g2_plain_wide288_even_decode} ;;
 fuse-tail-checks)  # the FUSE_TAIL / SPLIT_TAIL kernels (cute_fused_tail_backend.py) over the four routings, no timings
     step fuse-tail-checks 200 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
         --no-pingpong --only ${FUSE_CHECKS:-g1_swiglu_fuse_tail g1_swiglu_fuse_tail_expert_grouped3_n256_dynamic_many \
