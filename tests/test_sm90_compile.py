@@ -860,8 +860,8 @@ def test_expert_split_limits_and_key():
         assert even == dataclasses.replace(fill, expert_split=EVEN) and s90.can_implement(even, p1) == (True, "")
         fill_stem, even_stem = (s90.kernel_key(c, p1).file_stem() for c in (fill, even))
         assert "split" not in fill_stem and even_stem == fill_stem + "_spliteven"
-        assert s90.kernel_from_key(s90.kernel_key(even, p1)) == (dataclasses.replace(even, stages=4 if tile_m > 128 else
-                                                                                     s90.resolve_stages(even)), p1)
+        assert s90.kernel_from_key(s90.kernel_key(even, p1)) == (
+            dataclasses.replace(even, stages=s90.resolve_stages(even)), p1)
     for bad in (s90.swapped_config(p1, 8), s90.Sm90GemmConfig(), s90.Sm90GemmConfig(tile_n=128, padding_rows=s90.PaddingRows.SKIP)):
         ok, why = s90.can_implement(dataclasses.replace(bad, expert_split=EVEN), p1)
         assert not ok and why.startswith("expert_split") and "WEIGHTS_AS_M" in why, why
