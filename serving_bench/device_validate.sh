@@ -206,12 +206,12 @@ checks)  # every check variant (regular, swapped, ping-pong) over the four routi
     step checks 120 python3 "$repo/serving_bench/hopper_gemm_bench.py" run --kernel-dir "$kdir" --skip-bench \
         --json "$out/checks.json" ;;
 prefill-gemm)  # prefill-size GEMMs of every model: CuTe bundles side by side (EXTRA_BUNDLES='label=dir ...' beside $kdir),
-    # the Triton default and dense cuBLAS on the same total shape
+    # the Triton default and dense cuBLAS on the same total shape; PREFILL_CLASSES: expert-class schemes too
     base=(); for b in ${EXTRA_BUNDLES:-}; do base+=(--bundle "${b%%=*}=$repo/${b#*=}"); done
     # shellcheck disable=SC2086
     step "prefill-gemm${PREFILL_SUFFIX:-}" 400 python3 -m moe2cta.serving_bench.prefill_gemm_bench "${base[@]}" --bundle "new=$kdir" \
         --tokens ${PREFILL_TOKENS:-2048 8192} --variants ${PREFILL_VARIANTS:-default} --routing ${PREFILL_ROUTING:-random} \
-        --padding ${PREFILL_PADDING:-random} \
+        --padding ${PREFILL_PADDING:-random} ${PREFILL_CLASSES:+--expert-classes $PREFILL_CLASSES} \
         ${PREFILL_MODELS:+--models $PREFILL_MODELS} --json "$out/prefill-gemm${PREFILL_SUFFIX:-}.json" ;;
 prefill-power)  # sustained board power, SM clock and energy per useful FLOP: the floor's matmul, then the CuTe GEMMs
     # beside dense cuBLAS on the same total shape (serving_bench/power.py)

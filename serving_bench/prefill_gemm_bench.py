@@ -126,6 +126,17 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "wide160_even": s90.wide_config(problem, tile_m=s90.WIDE160_TILE_M, max_tile_n=256, expert_split=EVEN),
         "wide288_even": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N,
                                         expert_split=EVEN),
+        # the same expert by expert, its tiles of one n-block one after the other (an expert's tiles read each weight
+        # tile together: Raster.EXPERT_TILES)
+        "wide160_even_expert_tiles": s90.wide_config(problem, tile_m=s90.WIDE160_TILE_M, max_tile_n=256,
+                                                     expert_split=EVEN, raster=s90.Raster.EXPERT_TILES),
+        "wide288_even_expert_tiles": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N,
+                                                     expert_split=EVEN, raster=s90.Raster.EXPERT_TILES),
+        # the same scheduled DYNAMIC (units of very different lengths where the experts spread: deepseek-v3)
+        "wide160_even_dynamic": s90.wide_config(problem, tile_m=s90.WIDE160_TILE_M, max_tile_n=256,
+                                                expert_split=EVEN, scheduler=DYN),
+        "wide288_even_dynamic": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N,
+                                                expert_split=EVEN, scheduler=DYN),
         # 128 token rows x 256 weight rows (two atoms per warpgroup): a regular stage's weight bytes (None where N
         # is no multiple of 256)
         "wide128_n256": wide256n,
@@ -180,6 +191,95 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "pair_grouped4_dynamic_skip": rep(base, work_unit=s90.WorkUnit.PAIR, pair_threshold=1, scheduler=DYN,
                                           raster=GROUPED, raster_group_m=4, padding_rows=s90.PaddingRows.SKIP),
     }
+
+
+# Expert classes (a question for the layer, not its policy yet): each expert runs in the launch of the class its
+# row count falls in, the classes one after another, each on its own padded layout (the other classes' experts have
+# no rows there). A scheme: (variant, fewest rows, most rows) per class; the experts no class takes run "regular".
+EXPERT_CLASS_SCHEMES = {
+    "w160_w288": (("wide160_even", 1, 160), ("wide288_even", 161, 288)),  # every expert that fits one wide tile
+    "w288": (("wide288_even", 1, 288),),
+    "w160": (("wide160_even", 1, 160),),
+    "tails": (("wide160_even", 129, 160), ("wide288_even", 257, 288)),  # the regular kernel's costliest tails
+    "w160_w288_dynamic": (("wide160_even_dynamic", 1, 160), ("wide288_even_dynamic", 161, 288)),
+}
+
+
+def expert_classes(scheme: str, counts: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """[(variant, the counts of its experts, 0 elsewhere)] of `scheme` over counts (int32 [E], CPU); classes
+    without experts are left out, and "regular" takes every expert no class takes."""
+    taken = torch.zeros_like(counts, dtype=torch.bool)
+    classes = []
+    for variant, low, high in EXPERT_CLASS_SCHEMES[scheme]:
+        mine = (counts >= low) & (counts <= high) & ~taken
+        taken |= mine
+        classes.append((variant, torch.where(mine, counts, 0)))
+    classes.append(("regular", torch.where(taken, 0, counts)))
+    return [(v, c) for v, c in classes if int(c.sum()) > 0]
+
+
+def class_candidates(scheme, label, kdir, preset, counts, weights, cfgs1, cfgs2, dev):
+    """(GEMM1 candidate, GEMM2 candidate) of one expert-class scheme, or a reason it cannot run. A candidate is
+    (name, gemm, fn(copy), check()): fn runs every class's launch; check() compares each class's output with the
+    float32 reference on the rows of its first two experts and returns the largest relative error."""
+    e, h, i = preset.num_experts, preset.hidden, preset.intermediate
+    w13, w13_packed, w2, b13, b2 = weights
+    name = f"cute-{label}-classes-{scheme}"
+    launches = []  # per class: (cfg1, cfg2, ro, counts on the device, A1 copies, A2 copies, row scale, out1, out2, ...)
+    for variant, cls_counts in expert_classes(scheme, counts):
+        cfg1, cfg2 = cfgs1[variant], cfgs2[variant]
+        if cfg1 is None or cfg2 is None:
+            return f"{variant}: no such configuration for this model"
+        missing = [c for c, p in ((cfg1, "gemm1"), (cfg2, "gemm2")) if not (pathlib.Path(kdir) / (
+            s90.kernel_key(c, problems_of(preset)[p == "gemm2"]).file_stem() + ".so")).exists()]
+        if missing:
+            return f"{variant}: not in bundle {kdir}"
+        rows = int(((cls_counts + ALIGN - 1) // ALIGN * ALIGN).sum())
+        ro = padded_layout(cls_counts, rows)
+        x1 = [torch.randn(rows, h, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
+        x2 = [torch.randn(rows, i, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
+        rs = torch.rand(rows, device=dev)
+        out1 = torch.empty(rows, i, device=dev, dtype=torch.bfloat16)
+        out2 = torch.empty(rows, h, device=dev, dtype=torch.bfloat16)
+        launches.append((cfg1, cfg2, ro, ro.to(dev), cls_counts, cls_counts.to(dev), x1, x2, rs, out1, out2))
+
+    def run1(c):
+        for cfg1, _, _, ro_d, _, cn_d, x1, _, _, out1, _ in launches:
+            s90.sm90_grouped_gemm1(x1[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13, out=out1, config=cfg1,
+                                   kernel_directory=kdir)
+
+    def run2(c):
+        for _, cfg2, _, ro_d, _, cn_d, _, x2, rs, _, out2 in launches:
+            s90.sm90_grouped_gemm2(x2[c], w2, ro_d, cn_d, row_scale=rs, b2=b2, out=out2, config=cfg2,
+                                   kernel_directory=kdir)
+
+    def check(gemm):
+        worst = 0.0
+        for _, _, ro, _, cls_counts, _, x1, x2, rs, out1, out2 in launches:
+            nonempty = [x for x in range(e) if int(cls_counts[x]) > 0][:2]
+            ref_counts = torch.zeros_like(cls_counts)
+            ref_counts[nonempty] = cls_counts[nonempty]
+            rows = torch.cat([torch.arange(int(ro[x]), int(ro[x]) + int(cls_counts[x])) for x in nonempty]).to(dev)
+            if gemm == "gemm1":
+                ref = grouped_gemm1_reference(x1[0], w13, ro, ref_counts, preset.activation, b13,
+                                              out=torch.zeros(out1.shape, device=dev))
+                got = out1
+            else:
+                ref = grouped_gemm2_reference(x2[0], w2, ro, ref_counts, rs, b2, out=torch.zeros(out2.shape, device=dev))
+                got = out2
+            worst = max(worst, _rel_err(got[rows], ref[rows]))
+        return worst
+
+    def poisoned(run, gemm):
+        def fn_check():
+            for launch in launches:
+                launch[9 if gemm == "gemm1" else 10].fill_(float("nan"))
+            run(0)
+            torch.cuda.synchronize()
+            return check(gemm)
+        return fn_check
+
+    return [(name, "gemm1", run1, poisoned(run1, "gemm1")), (name, "gemm2", run2, poisoned(run2, "gemm2"))]
 
 
 def _implementable(config, problem):
@@ -246,10 +346,11 @@ def routed_counts(routing: str, preset, tokens: int, gen: torch.Generator) -> to
 
 def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants=("default",),
              routing: str = "random", paddings: tuple[str, ...] = ("random",), sustain_s: float = 0.0,
-             sustain_only: tuple[str, ...] = ("cute", "dense")) -> list[dict]:
+             sustain_only: tuple[str, ...] = ("cute", "dense"), class_schemes: tuple[str, ...] = ()) -> list[dict]:
     """Time every candidate on this cell; with several `paddings`, the CuTe and Triton candidates once per
     content of A's padding rows (the valid rows are the same), labelled `<backend>@<padding>` past the first,
-    all in the same interleaved rounds (one process: no process-to-process spread between them)."""
+    all in the same interleaved rounds (one process: no process-to-process spread between them); per bundle also
+    each of `class_schemes` (EXPERT_CLASS_SCHEMES: the experts split over kernels by their rows)."""
     dev = torch.device("cuda")
     e, h, i, k = preset.num_experts, preset.hidden, preset.intermediate, preset.top_k
     w13, w13_packed, w2, b13, b2 = weights
@@ -308,7 +409,16 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
     p1, p2 = problems_of(preset)
     cfgs1, cfgs2 = variant_configs(p1, rows / e), variant_configs(p2, rows / e)
     candidates = []  # (label, gemm, fn(copy index))
+    custom_checks = {}  # (label, gemm) -> check() of the candidates that write their own outputs
     for label, kdir in bundles:
+        for scheme in class_schemes:
+            made = class_candidates(scheme, label, kdir, preset, counts, weights, cfgs1, cfgs2, dev)
+            if isinstance(made, str):
+                print(f"{preset.name:16s} T={tokens:6d} cute-{label}-classes-{scheme}: {made}, skipped", flush=True)
+                continue
+            for name, gemm, fn, check in made:
+                candidates.append((name, gemm, fn))
+                custom_checks[name, gemm] = check
         timed = {}  # (GEMM1, GEMM2) configurations -> the variant timing them
         for v in variants:
             name = f"cute-{label}" + ("" if v == "default" else f"-{v}")
@@ -412,7 +522,9 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
             fn(0)
             torch.cuda.synchronize()
             continue
-        if not label.startswith(("dense", "gather", "row-weights")):
+        if (label, gemm) in custom_checks:
+            errors[(label, gemm)] = custom_checks[label, gemm]()
+        elif not label.startswith(("dense", "gather", "row-weights")):
             out = o1 if gemm == "gemm1" else o2
             out.fill_(float("nan"))
             fn(0)
@@ -490,6 +602,9 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", default=None, choices=names, metavar="VARIANT",
                         help=f"CuTe configurations to time per bundle (default: default), or to compile with --build "
                              f"(default: all), of: {', '.join(names)}")
+    parser.add_argument("--expert-classes", nargs="+", default=[], choices=sorted(EXPERT_CLASS_SCHEMES),
+                        metavar="SCHEME", help="also time, per bundle, each expert-class scheme (experts split over "
+                        f"kernels by their rows): {', '.join(sorted(EXPERT_CLASS_SCHEMES))}")
     parser.add_argument("--build", metavar="DIR", default=None, help="compile the kernels (no GPU) into DIR and exit")
     args = parser.parse_args(argv)
     if args.sustain < 0 or 0 < args.sustain <= 1.0:
@@ -512,7 +627,8 @@ def main(argv=None) -> int:
         weights = _weights(preset, torch.device("cuda"), 5)
         for tokens in args.tokens:
             results += run_cell(preset, tokens, bundles, weights, dog, args.profile, gen, variants, args.routing,
-                                tuple(dict.fromkeys(args.padding)), args.sustain, tuple(args.sustain_only))
+                                tuple(dict.fromkeys(args.padding)), args.sustain, tuple(args.sustain_only),
+                                tuple(args.expert_classes))
         del weights
         torch.cuda.empty_cache()
     if args.json:

@@ -676,6 +676,28 @@ def test_prefill_bench_routed_counts():
     assert counts.tolist() == [1] * 6 + [0] * 2 and counts.dtype == torch.int32
 
 
+def test_prefill_bench_expert_classes_cover_every_expert_once():
+    """Each expert lands in exactly one class: the first range of the scheme that holds its rows, else "regular";
+    classes without experts are left out; a class's counts are the expert's own rows, 0 for the others."""
+    from moe2cta.serving_bench import prefill_gemm_bench as pgb
+
+    counts = torch.tensor([0, 60, 129, 160, 161, 256, 257, 288, 289, 533], dtype=torch.int32)
+    for scheme in pgb.EXPERT_CLASS_SCHEMES:
+        classes = pgb.expert_classes(scheme, counts)
+        assert sum(c for _, c in classes).tolist() == counts.tolist(), scheme
+        for _, c in classes:
+            assert c.dtype == torch.int32 and int(c.sum()) > 0
+            assert all(int(x) in (0, int(y)) for x, y in zip(c, counts))
+    tails = dict(pgb.expert_classes("tails", counts))
+    assert tails["wide160_even"].nonzero().flatten().tolist() == [2, 3]
+    assert tails["wide288_even"].nonzero().flatten().tolist() == [6, 7]
+    assert tails["regular"].nonzero().flatten().tolist() == [1, 4, 5, 8, 9]
+    both = dict(pgb.expert_classes("w160_w288", counts))
+    assert both["wide160_even"].nonzero().flatten().tolist() == [1, 2, 3]
+    assert both["wide288_even"].nonzero().flatten().tolist() == [4, 5, 6, 7]
+    assert [v for v, _ in pgb.expert_classes("w160", torch.tensor([300, 400], dtype=torch.int32))] == ["regular"]
+
+
 def test_prefill_bench_builds_only_the_named_variants(monkeypatch, tmp_path):
     """`--build DIR --variants ...` compiles the presets' kernels plus exactly those variants' (all without it)."""
     from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
