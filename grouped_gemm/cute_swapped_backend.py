@@ -30,11 +30,9 @@ expert, the rest going to the last (ExpertSplit.FILL), or the same share of them
 (ExpertSplit.EVEN: 320 rows on 288-row tiles as 160 + 160, not 288 + 32). Raster ALONG_M puts the
 token tiles of one n-block next to each other, so experts with several tiles share the weight tile in L2;
 ALONG_N puts the n-blocks of one token tile next to each other (the token tile stays in L2, and the CTAs
-in flight stream the neighbouring weight tiles of a few experts). EXPERT_TILES (wide tiles) walks the experts one
-after the other and, within one, puts its token tiles of one n-block next to each other, then its next n-block: an
-expert with several tiles reads each weight tile with all of them at once (under ALONG_N its second tile reads
-the tile again n_blocks units later), and its token tiles stay in L2 across its n-blocks; where every expert has
-one tile it is ALONG_N.
+in flight stream the neighbouring weight tiles of a few experts). Measured and removed (docs/perf-notes-sm90.md v20):
+an expert's tiles of one n-block next to each other, expert by expert, slower in every cell (up to 1.36x): which
+CTAs share an operand matters, and ALONG_N gives a token tile to consecutive ones.
 
 Warp roles (128 threads per warpgroup; decode: 256 threads, wide: 384, or 256 for 64 weight rows):
 - warpgroup 0, warp 0: TMA producer (per unit: the K tiles of the token tile and of the weight tile into
@@ -75,7 +73,6 @@ from .cute_backend import CONSUMERS_COOPERATIVE, SCHED_DYNAMIC, RASTER_N, Sm90Gr
 from .sm90_grouped_gemm import WGMMA_MAX_N, WIDE_EPI_PAD, ExpertSplit, wide_epilogue_rows, wide_token_box
 
 WIDE_MIN_TILE_M = 64  # token tiles above this are "wide": several consumer warpgroups, wgmma N chosen per unit
-RASTER_EXPERT_TILES = "expert_tiles"  # Raster.EXPERT_TILES (wide tiles only): expert by expert, its tiles fastest
 # (WIDE_EPI_PAD: 16 bytes per staging row, so that the 8 rows one stmatrix fragment writes hit distinct banks)
 
 
@@ -213,14 +210,6 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         if cutlass.const_expr(self.raster == RASTER_N):
             nb = unit % self.n_blocks
             tile = unit // self.n_blocks
-        if cutlass.const_expr(self.raster == RASTER_EXPERT_TILES):
-            # expert e's units are [s_tiles[e] * n_blocks, s_tiles[e + 1] * n_blocks): its token tiles of one
-            # n-block one after the other, then its next n-block
-            owner = self.expert_of_row(s_tiles, unit // self.n_blocks)  # s_tiles[e] * n_blocks <= unit
-            local = unit - s_tiles[owner] * self.n_blocks
-            tiles = s_tiles[owner + 1] - s_tiles[owner]
-            nb = local // tiles
-            tile = s_tiles[owner] + local % tiles
         expert = self.expert_of_row(s_tiles, tile)  # largest e with s_tiles[e] <= tile: a non-empty expert
         count = s_counts[expert]
         rows = cutlass.Int32(self.tile_m)

@@ -93,8 +93,6 @@ class Raster(enum.Enum):
     # one unit after the other (with GROUPED_M a group boundary inside an expert puts its m-blocks a whole
     # group of units apart); SINGLE units only
     EXPERT_GROUPED_M = "expert_grouped_m"
-    # wide WEIGHTS_AS_M tiles only: expert by expert; within one, its token tiles of an n-block one after the other
-    EXPERT_TILES = "expert_tiles"
 
 
 GROUPED_RASTERS = (Raster.GROUPED_M, Raster.EXPERT_GROUPED_M)  # the rasters that take raster_group_m
@@ -465,8 +463,6 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     if config.consumers is Consumers.PINGPONG and config.tile_m * config.tile_n > 128 * 128:
         return False, (f"consumers: PINGPONG keeps a whole {config.tile_m}x{config.tile_n} accumulator in one "
                        "warpgroup; at most 128x128 fits its registers")
-    if config.raster is Raster.EXPERT_TILES and not config.wide:
-        return False, f"raster: EXPERT_TILES is for WEIGHTS_AS_M token tiles of {WIDE_TILE_M} rows only"
     if config.raster in GROUPED_RASTERS:
         if swapped:
             return False, f"raster: {config.raster.name} is implemented for TOKENS_AS_M only"

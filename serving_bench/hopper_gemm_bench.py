@@ -60,7 +60,6 @@ def check_variants():
     UNDER = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
     ACT = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP
     EG, DYN = s90.Raster.EXPERT_GROUPED_M, s90.Scheduler.DYNAMIC
-    EXPERT_TILES = s90.Raster.EXPERT_TILES
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
     single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
     dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
@@ -176,14 +175,6 @@ def check_variants():
         ("g2_rowscale_bias_wide160_even_n256_along_m_3blocks", wide(160, 256, raster=s90.Raster.ALONG_M, split=EVEN),
          p2_bias),
         ("g1_gelu_wide256_even_dynamic_many", wide(256, 128, scheduler=s90.Scheduler.DYNAMIC, split=EVEN), p1_gelu),
-        # Raster.EXPERT_TILES: expert by expert, its tiles of one n-block one after the other ("_many": ~15 tiles per
-        # expert, "_3blocks": one or two), STATIC and DYNAMIC, with both splits
-        ("g1_swiglu_wide288_even_expert_tiles_3blocks", wide(288, 128, raster=EXPERT_TILES, split=EVEN), p1),
-        ("g2_rowscale_bias_wide288_even_expert_tiles_n320_many", wide(288, 128, raster=EXPERT_TILES, split=EVEN),
-         p2_n320),
-        ("g1_oai_bias_wide160_expert_tiles_n256_dynamic_many", wide(160, 256, raster=EXPERT_TILES,
-                                                                    scheduler=s90.Scheduler.DYNAMIC), p1_oai_n512),
-        ("g2_rowscale_wide160_even_expert_tiles_n256_3blocks", wide(160, 256, raster=EXPERT_TILES, split=EVEN), p2),
         # GEMM1 reading the token rows itself (ASource.TOKEN_ROWS: cp.async by the producer warpgroup, the rows
         # of a random permutation of the slots, padding row r reading token r % T)
         ("g1_swiglu_token_rows", dataclasses.replace(single, a_source=TOKEN_ROWS), p1),

@@ -126,12 +126,6 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "wide160_even": s90.wide_config(problem, tile_m=s90.WIDE160_TILE_M, max_tile_n=256, expert_split=EVEN),
         "wide288_even": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N,
                                         expert_split=EVEN),
-        # the same expert by expert, its tiles of one n-block one after the other (an expert's tiles read each weight
-        # tile together: Raster.EXPERT_TILES)
-        "wide160_even_expert_tiles": s90.wide_config(problem, tile_m=s90.WIDE160_TILE_M, max_tile_n=256,
-                                                     expert_split=EVEN, raster=s90.Raster.EXPERT_TILES),
-        "wide288_even_expert_tiles": s90.wide_config(problem, tile_m=s90.WIDE288_TILE_M, tile_n=s90.WIDE288_TILE_N,
-                                                     expert_split=EVEN, raster=s90.Raster.EXPERT_TILES),
         # the same scheduled DYNAMIC (units of very different lengths where the experts spread: deepseek-v3)
         "wide160_even_dynamic": s90.wide_config(problem, tile_m=s90.WIDE160_TILE_M, max_tile_n=256,
                                                 expert_split=EVEN, scheduler=DYN),

@@ -868,24 +868,6 @@ def test_expert_split_limits_and_key():
     ok, why = s90.can_implement(dataclasses.replace(s90.wide_config(p1, tile_m=288), expert_split="even"), p1)
     assert not ok and why.startswith("expert_split: expected an ExpertSplit"), why
 
-def test_expert_tiles_raster_limits_and_key():
-    """Raster.EXPERT_TILES (expert by expert, its token tiles of one n-block together) is a wide-tile raster: the
-    decode and regular kernels refuse it by name, it names itself in the key, and the key reads back."""
-    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
-    tiles = s90.Raster.EXPERT_TILES
-    for tile_m, max_n in ((288, 128), (160, 256)):
-        cfg = s90.wide_config(p1, tile_m=tile_m, max_tile_n=max_n, raster=tiles, expert_split=s90.ExpertSplit.EVEN)
-        assert s90.can_implement(cfg, p1) == (True, "")
-        stem = s90.kernel_key(cfg, p1).file_stem()
-        assert "_rasterexpert-tiles_" in stem and stem.replace("expert-tiles", "along-n") == s90.kernel_key(
-            dataclasses.replace(cfg, raster=s90.Raster.ALONG_N), p1).file_stem()
-        assert s90.kernel_from_key(s90.kernel_key(cfg, p1)) == (
-            dataclasses.replace(cfg, stages=s90.resolve_stages(cfg)), p1)
-    for bad in (s90.swapped_config(p1, 8), s90.Sm90GemmConfig(), s90.Sm90GemmConfig(scheduler=s90.Scheduler.DYNAMIC)):
-        ok, why = s90.can_implement(dataclasses.replace(bad, raster=tiles), p1)
-        assert not ok and why.startswith("raster: EXPERT_TILES") and "WEIGHTS_AS_M" in why, why
-
-
 WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
     ("wide256_swiglu_dynamic", s90.wide_config(s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
@@ -928,15 +910,6 @@ WIDE = [  # (name, config, problem): wide swapped-operand tiles, every epilogue
         s90.Sm90Problem(G1, 512, 128, 4, torch.bfloat16, Activation.SWIGLU), tile_m=160, max_tile_n=256,
         scheduler=s90.Scheduler.DYNAMIC, expert_split=s90.ExpertSplit.EVEN),
      s90.Sm90Problem(G1, 512, 128, 4, torch.bfloat16, Activation.SWIGLU)),
-    # Raster.EXPERT_TILES: the unit decode walks expert by expert (one more expert search per decode)
-    ("wide288_even_expert_tiles_swiglu", s90.wide_config(
-        s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU), tile_m=288, tile_n=128,
-        expert_split=s90.ExpertSplit.EVEN, raster=s90.Raster.EXPERT_TILES),
-     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
-    ("wide160_expert_tiles_rowscale_dynamic", s90.wide_config(
-        s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True), tile_m=160, max_tile_n=256,
-        scheduler=s90.Scheduler.DYNAMIC, raster=s90.Raster.EXPERT_TILES),
-     s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True)),
 ]
 # ptxas spills a few registers of the gated SwiGLU epilogues of the 288-row tile (144 accumulator registers beside
 # the activation's: 4-20 bytes after the last wgmma, measured); every other wide tile spills nothing
