@@ -104,6 +104,10 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         "token_rows": token_rows if problem.kind is s90.GemmStage.GEMM1 else regular_cfg,
         # the regular (TOKENS_AS_M) kernel the layer would run for this many rows without the wide one
         "regular": regular_cfg,
+        # the same raster and padding rows scheduled STATIC (consecutive units, which share a weight tile in the
+        # grouped rasters, on consecutive CTAs); and with every padding row multiplied (units of equal length)
+        "regular_static": rep(regular_cfg, scheduler=STATIC),
+        "regular_static_multiply": rep(regular_cfg, scheduler=STATIC, padding_rows=s90.PaddingRows.MULTIPLY),
         # GEMM1 in the raster and padding-row mode of before v15 (ALONG_N / GROUPED_M, MULTIPLY); GEMM2 as regular
         "previous_gemm1": rep(regular_cfg, raster=s90.regular_schedule(
             regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // regular_cfg.tile_n))[1],
