@@ -567,14 +567,12 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         a2 = gemm1(hidden.contiguous(), prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation,
                    b13=prepared["b13"], config=token_rows_cfg, a_rows=disp.sorted_slots, rows_per_token=top_k)
     else:
-        # sm90, where the regular / wide kernels run (above the swapped-operand decode kernels' range): the padding
-        # rows get a copy of a token row. The hardware runs these GEMMs 3-7% faster on activation-like padding than
-        # on zeros, which is what a fresh buffer holds (results/padding-modes-h200-2026-12-01/)
-        pad_token_row = prefix == "sm90" and rows_per_expert > module.SWAPPED_MAX_ROWS_PER_EXPERT
+        padding = router.GatherPadding.LEAVE
+        if prefix == "sm90":
+            padding = sm90_gather_padding(module, prepared["problems"][0], cfg1, rows_per_expert)
         a1 = router.gather(
             hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend(),
-            slot_weights=None if on_input else topk_weights, row_weights_out=row_scale,
-            padding=router.GatherPadding.TOKEN_ROW if pad_token_row else router.GatherPadding.LEAVE,
+            slot_weights=None if on_input else topk_weights, row_weights_out=row_scale, padding=padding,
         )
         a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=prepared["b13"],
                    config=cfg1, **hint)
@@ -583,6 +581,20 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     return _router_api().combine(
         y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()
     )
+
+
+def sm90_gather_padding(module, problem, config, rows_per_expert):
+    """What the gather writes into the padding rows of A for the sm90 GEMM1 `config` (None: the family default for
+    `rows_per_expert`): a token row's copy where the regular (TOKENS_AS_M) kernel runs, which multiplies whole 128-row
+    m-blocks (up to 127 padding rows each) and runs 3-7% faster on activation-like padding than on the zeros of a
+    fresh buffer (results/padding-modes-h200-2026-12-01/); nothing (LEAVE) for the swapped-operand kernels, which load
+    only the TMA boxes that hold valid rows (the wide tiles at most 31 padding rows per tile) and store none of them."""
+    from moe2cta.router import GatherPadding
+
+    config = config or module.default_config(problem, rows_per_expert=rows_per_expert)
+    if config.operands is module.Operands.TOKENS_AS_M:
+        return GatherPadding.TOKEN_ROW
+    return GatherPadding.LEAVE
 
 
 def _sm90_tuned_configs(module, problems, tuned, rows_per_expert):

@@ -365,6 +365,26 @@ def test_split_layer_runs_triton_on_the_packed_w13_under_interpreter():
 # CLI
 
 
+def test_sm90_gather_padding_follows_the_gemm1_kernel():
+    """The gather copies a token row into A's padding rows only where the sm90 GEMM1 is the regular (TOKENS_AS_M)
+    kernel, which multiplies them; the swapped-operand kernels (decode and wide tiles) load none of them whole."""
+    from moe2cta.api import sm90_gather_padding
+    from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
+    from moe2cta.presets import get_preset
+    from moe2cta.router import GatherPadding
+
+    preset = get_preset("qwen3-30b-a3b")
+    problem = s90.Sm90Problem(s90.GemmStage.GEMM1, 2 * preset.intermediate, preset.hidden, preset.num_experts,
+                              torch.bfloat16, preset.activation)
+    for rows_per_expert, expected in ((8, GatherPadding.LEAVE), (128, GatherPadding.LEAVE),
+                                      (512, GatherPadding.TOKEN_ROW), (2048, GatherPadding.TOKEN_ROW)):
+        operands = s90.default_config(problem, rows_per_expert=rows_per_expert).operands
+        assert (operands is s90.Operands.TOKENS_AS_M) == (expected is GatherPadding.TOKEN_ROW), rows_per_expert
+        assert sm90_gather_padding(s90, problem, None, rows_per_expert) is expected, rows_per_expert
+    # an explicit (tuned) configuration decides, not the default
+    assert sm90_gather_padding(s90, problem, s90.regular_config(problem), 128) is GatherPadding.TOKEN_ROW
+
+
 def test_cli_usage_and_unknown(capsys):
     assert cli_main(["--help"]) == 0
     assert "plan" in capsys.readouterr().out
