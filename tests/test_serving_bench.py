@@ -617,6 +617,17 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                 for name, twin in same.items():
                     assert variants[name] == variants[twin], (preset.name, problem.kind, name)
                 aliases += tuple(same)
+                # the regular choice rescheduled STATIC (and with MULTIPLY padding rows) is another variant's kernel
+                # where that choice is ALONG_N ("static", the v5 default) or GROUPED_M 8 ("grouped8_static"), or
+                # already MULTIPLY
+                static = dataclasses.replace(variants["regular"], scheduler=s90.Scheduler.STATIC)
+                assert variants["regular_static"] == static
+                assert variants["regular_static_multiply"] == dataclasses.replace(
+                    static, padding_rows=s90.PaddingRows.MULTIPLY)
+                for name in ("regular_static", "regular_static_multiply"):
+                    if any(variants[name] == variants[other] for other in ("static", "grouped8_static", "regular_static")
+                           if other != name):
+                        aliases += (name,)
                 assert variants["store_after"] == dataclasses.replace(
                     variants["regular"], epilogue_store=s90.EpilogueStore.AFTER_MAINLOOP)
                 if problem.kind is s90.GemmStage.GEMM1:
