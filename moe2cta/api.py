@@ -50,7 +50,7 @@ from .config import Backend, Gemm1Input, IdCheck, MoEConfig, parse_w13_layout
 from .grouped_gemm import Activation, GemmStage
 from .grouped_gemm.epilogue import GATE_UP_CHUNK, W13Layout, pack_gate_up_rows, unpack_gate_up_rows
 from .reference import RouterWeightOn, moe_forward_reference
-from .router import RoutingConfig, Scoring
+from .router import GatherPadding, RoutingConfig, Scoring
 from .router.reference import route_reference
 from .validation import (
     FLOAT_DTYPES,
@@ -567,7 +567,7 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         a2 = gemm1(hidden.contiguous(), prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation,
                    b13=prepared["b13"], config=token_rows_cfg, a_rows=disp.sorted_slots, rows_per_token=top_k)
     else:
-        padding = router.GatherPadding.LEAVE
+        padding = GatherPadding.LEAVE
         if prefix == "sm90":
             padding = sm90_gather_padding(module, prepared["problems"][0], cfg1, rows_per_expert)
         a1 = router.gather(
@@ -589,8 +589,6 @@ def sm90_gather_padding(module, problem, config, rows_per_expert):
     m-blocks (up to 127 padding rows each) and runs 3-7% faster on activation-like padding than on the zeros of a
     fresh buffer (results/padding-modes-h200-2026-12-01/); nothing (LEAVE) for the swapped-operand kernels, which load
     only the TMA boxes that hold valid rows (the wide tiles at most 31 padding rows per tile) and store none of them."""
-    from moe2cta.router import GatherPadding
-
     config = config or module.default_config(problem, rows_per_expert=rows_per_expert)
     if config.operands is module.Operands.TOKENS_AS_M:
         return GatherPadding.TOKEN_ROW
