@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import pathlib
 import sys
 
@@ -216,68 +217,84 @@ def expert_classes(scheme: str, counts: torch.Tensor) -> list[tuple[str, torch.T
     return [(v, c) for v, c in classes if int(c.sum()) > 0]
 
 
+@dataclasses.dataclass
+class ClassLaunch:
+    """One class of an expert-class scheme: its kernels, its padded layout and its own buffers."""
+    cfg1: s90.Sm90GemmConfig
+    cfg2: s90.Sm90GemmConfig
+    row_offsets: torch.Tensor  # int32 [E+1] on the CPU (the other classes' experts have no rows)
+    counts: torch.Tensor  # int32 [E] on the CPU (0 for the other classes' experts)
+    row_offsets_dev: torch.Tensor
+    counts_dev: torch.Tensor
+    a1: list  # COPIES rotated GEMM1 inputs [rows, H]
+    a2: list  # COPIES rotated GEMM2 inputs [rows, I]
+    row_scale: torch.Tensor
+    out1: torch.Tensor
+    out2: torch.Tensor
+
+
 def class_candidates(scheme, label, kdir, preset, counts, weights, cfgs1, cfgs2, dev):
-    """(GEMM1 candidate, GEMM2 candidate) of one expert-class scheme, or a reason it cannot run. A candidate is
-    (name, gemm, fn(copy), check()): fn runs every class's launch; check() compares each class's output with the
-    float32 reference on the rows of its first two experts and returns the largest relative error."""
+    """[GEMM1 candidate, GEMM2 candidate] of one expert-class scheme, or a string saying why it cannot run. A candidate
+    is (name, gemm, fn(copy), check()): fn runs every class's launch; check() poisons the outputs, runs copy 0 and
+    returns the largest relative error against the float32 reference on the rows of each class's first two experts."""
     e, h, i = preset.num_experts, preset.hidden, preset.intermediate
     w13, w13_packed, w2, b13, b2 = weights
-    name = f"cute-{label}-classes-{scheme}"
-    launches = []  # per class: (cfg1, cfg2, ro, counts on the device, A1 copies, A2 copies, row scale, out1, out2, ...)
+    p1, p2 = problems_of(preset)
+    launches = []
     for variant, cls_counts in expert_classes(scheme, counts):
         cfg1, cfg2 = cfgs1[variant], cfgs2[variant]
         if cfg1 is None or cfg2 is None:
             return f"{variant}: no such configuration for this model"
-        missing = [c for c, p in ((cfg1, "gemm1"), (cfg2, "gemm2")) if not (pathlib.Path(kdir) / (
-            s90.kernel_key(c, problems_of(preset)[p == "gemm2"]).file_stem() + ".so")).exists()]
-        if missing:
+        if not all((pathlib.Path(kdir) / f"{s90.kernel_key(c, p).file_stem()}.so").exists()
+                   for c, p in ((cfg1, p1), (cfg2, p2))):
             return f"{variant}: not in bundle {kdir}"
         rows = int(((cls_counts + ALIGN - 1) // ALIGN * ALIGN).sum())
         ro = padded_layout(cls_counts, rows)
-        x1 = [torch.randn(rows, h, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
-        x2 = [torch.randn(rows, i, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)]
-        rs = torch.rand(rows, device=dev)
-        out1 = torch.empty(rows, i, device=dev, dtype=torch.bfloat16)
-        out2 = torch.empty(rows, h, device=dev, dtype=torch.bfloat16)
-        launches.append((cfg1, cfg2, ro, ro.to(dev), cls_counts, cls_counts.to(dev), x1, x2, rs, out1, out2))
+        launches.append(ClassLaunch(
+            cfg1, cfg2, ro, cls_counts, ro.to(dev), cls_counts.to(dev),
+            [torch.randn(rows, h, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)],
+            [torch.randn(rows, i, device=dev, dtype=torch.bfloat16) for _ in range(COPIES)],
+            torch.rand(rows, device=dev), torch.empty(rows, i, device=dev, dtype=torch.bfloat16),
+            torch.empty(rows, h, device=dev, dtype=torch.bfloat16)))
 
     def run1(c):
-        for cfg1, _, _, ro_d, _, cn_d, x1, _, _, out1, _ in launches:
-            s90.sm90_grouped_gemm1(x1[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13, out=out1, config=cfg1,
-                                   kernel_directory=kdir)
+        for x in launches:
+            s90.sm90_grouped_gemm1(x.a1[c], w13_packed, x.row_offsets_dev, x.counts_dev, preset.activation, b13=b13,
+                                   out=x.out1, config=x.cfg1, kernel_directory=kdir)
 
     def run2(c):
-        for _, cfg2, _, ro_d, _, cn_d, _, x2, rs, _, out2 in launches:
-            s90.sm90_grouped_gemm2(x2[c], w2, ro_d, cn_d, row_scale=rs, b2=b2, out=out2, config=cfg2,
-                                   kernel_directory=kdir)
+        for x in launches:
+            s90.sm90_grouped_gemm2(x.a2[c], w2, x.row_offsets_dev, x.counts_dev, row_scale=x.row_scale, b2=b2,
+                                   out=x.out2, config=x.cfg2, kernel_directory=kdir)
 
-    def check(gemm):
-        worst = 0.0
-        for _, _, ro, _, cls_counts, _, x1, x2, rs, out1, out2 in launches:
-            nonempty = [x for x in range(e) if int(cls_counts[x]) > 0][:2]
-            ref_counts = torch.zeros_like(cls_counts)
-            ref_counts[nonempty] = cls_counts[nonempty]
-            rows = torch.cat([torch.arange(int(ro[x]), int(ro[x]) + int(cls_counts[x])) for x in nonempty]).to(dev)
-            if gemm == "gemm1":
-                ref = grouped_gemm1_reference(x1[0], w13, ro, ref_counts, preset.activation, b13,
-                                              out=torch.zeros(out1.shape, device=dev))
-                got = out1
-            else:
-                ref = grouped_gemm2_reference(x2[0], w2, ro, ref_counts, rs, b2, out=torch.zeros(out2.shape, device=dev))
-                got = out2
-            worst = max(worst, _rel_err(got[rows], ref[rows]))
-        return worst
-
-    def poisoned(run, gemm):
-        def fn_check():
-            for launch in launches:
-                launch[9 if gemm == "gemm1" else 10].fill_(float("nan"))
+    def checked(run, gemm):
+        def check():
+            for x in launches:
+                (x.out1 if gemm == "gemm1" else x.out2).fill_(float("nan"))
             run(0)
-            torch.cuda.synchronize()
-            return check(gemm)
-        return fn_check
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            errors = []
+            for x in launches:
+                experts = [j for j in range(e) if int(x.counts[j]) > 0][:2]
+                ref_counts = torch.zeros_like(x.counts)
+                ref_counts[experts] = x.counts[experts]
+                check_rows = torch.cat([torch.arange(int(x.row_offsets[j]), int(x.row_offsets[j]) + int(x.counts[j]))
+                                        for j in experts]).to(dev)
+                if gemm == "gemm1":
+                    ref = grouped_gemm1_reference(x.a1[0], w13, x.row_offsets, ref_counts, preset.activation, b13,
+                                                  out=torch.zeros(x.out1.shape, device=dev))
+                    got = x.out1
+                else:
+                    ref = grouped_gemm2_reference(x.a2[0], w2, x.row_offsets, ref_counts, x.row_scale, b2,
+                                                  out=torch.zeros(x.out2.shape, device=dev))
+                    got = x.out2
+                errors.append(_rel_err(got[check_rows], ref[check_rows]))
+            return float("nan") if any(math.isnan(err) for err in errors) else max(errors)  # (max() drops a NaN)
+        return check
 
-    return [(name, "gemm1", run1, poisoned(run1, "gemm1")), (name, "gemm2", run2, poisoned(run2, "gemm2"))]
+    name = f"cute-{label}-classes-{scheme}"
+    return [(name, "gemm1", run1, checked(run1, "gemm1")), (name, "gemm2", run2, checked(run2, "gemm2"))]
 
 
 def _implementable(config, problem):

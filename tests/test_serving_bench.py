@@ -709,6 +709,53 @@ def test_prefill_bench_expert_classes_cover_every_expert_once():
     assert [v for v, _ in pgb.expert_classes("w160", torch.tensor([300, 400], dtype=torch.int32))] == ["regular"]
 
 
+def test_prefill_bench_class_candidates_check_every_class(monkeypatch, tmp_path):
+    """An expert-class candidate runs one launch per class on its own layout, and its check reads every class's
+    output against the fp32 reference: with the kernels replaced by the torch twins it passes, and a kernel that
+    leaves one class's rows unwritten fails it (CPU, bundle files faked)."""
+    from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
+    from moe2cta.grouped_gemm.reference import grouped_gemm1_reference, grouped_gemm2_reference
+    from moe2cta.serving_bench import prefill_gemm_bench as pgb
+
+    preset = custom_preset("256,128,16,4")
+    dev = torch.device("cpu")
+    weights = pgb._weights(preset, dev, 0)
+    w13, _, w2, _, _ = weights
+    counts = torch.tensor([0, 60, 150, 200, 300, 7, 129, 288, 0, 40, 0, 0, 33, 250, 161, 1], dtype=torch.int32)
+    p1, p2 = pgb.problems_of(preset)
+    cfgs1, cfgs2 = pgb.variant_configs(p1, 64), pgb.variant_configs(p2, 64)
+    for cfg, problem in [(cfgs1[v], p1) for v in ("regular", "wide160_even", "wide288_even")] + [
+            (cfgs2[v], p2) for v in ("regular", "wide160_even", "wide288_even")]:
+        (tmp_path / f"{s90.kernel_key(cfg, problem).file_stem()}.so").touch()
+    launched = []
+    skip_class = {"launch": None}
+
+    def gemm1(a, packed, ro, cn, activation, b13=None, out=None, config=None, kernel_directory=None):
+        launched.append(("gemm1", config.operands, int(cn.sum())))
+        if len(launched) != skip_class["launch"]:
+            out.copy_(grouped_gemm1_reference(a, w13, ro, cn, activation, b13))
+
+    def gemm2(a, w, ro, cn, row_scale=None, b2=None, out=None, config=None, kernel_directory=None):
+        launched.append(("gemm2", config.operands, int(cn.sum())))
+        out.copy_(grouped_gemm2_reference(a, w2, ro, cn, row_scale, b2))
+
+    monkeypatch.setattr(s90, "sm90_grouped_gemm1", gemm1)
+    monkeypatch.setattr(s90, "sm90_grouped_gemm2", gemm2)
+    made = pgb.class_candidates("w160_w288", "new", str(tmp_path), preset, counts, weights, cfgs1, cfgs2, dev)
+    (name1, g1, run1, check1), (name2, g2, run2, check2) = made
+    assert (name1, g1, name2, g2) == ("cute-new-classes-w160_w288", "gemm1", "cute-new-classes-w160_w288", "gemm2")
+    assert check1() < 1e-2 and check2() < 1e-2
+    # three launches per GEMM (160-row class, 288-row class, regular), every routed row in exactly one of them
+    assert [rows for g, _, rows in launched if g == "gemm1"] == [1 + 60 + 7 + 129 + 40 + 33 + 150, 200 + 288 + 250 + 161,
+                                                                  300]
+    assert sum(rows for g, _, rows in launched if g == "gemm2") == int(counts.sum())
+    skip_class["launch"] = len(launched) + 2  # the next GEMM1 run leaves its 288-row class's output unwritten
+    err = check1()
+    assert not err < 1e-2, err
+    assert pgb.class_candidates("w160_w288", "new", str(tmp_path / "empty"), preset, counts, weights, cfgs1, cfgs2,
+                                dev).startswith("wide160_even: not in bundle")
+
+
 def test_prefill_bench_builds_only_the_named_variants(monkeypatch, tmp_path):
     """`--build DIR --variants ...` compiles the presets' kernels plus exactly those variants' (all without it)."""
     from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
