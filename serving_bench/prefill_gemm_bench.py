@@ -207,6 +207,8 @@ EXPERT_CLASS_SCHEMES = {
 def expert_classes(scheme: str, counts: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     """[(variant, the counts of its experts, 0 elsewhere)] of `scheme` over counts (int32 [E], CPU); classes
     without experts are left out, and "regular" takes every expert no class takes."""
+    if scheme not in EXPERT_CLASS_SCHEMES:
+        raise ValueError(f"scheme: expected one of {sorted(EXPERT_CLASS_SCHEMES)}, got {scheme!r}")
     taken = torch.zeros_like(counts, dtype=torch.bool)
     classes = []
     for variant, low, high in EXPERT_CLASS_SCHEMES[scheme]:

@@ -707,6 +707,8 @@ def test_prefill_bench_expert_classes_cover_every_expert_once():
     assert both["wide160_even"].nonzero().flatten().tolist() == [1, 2, 3]
     assert both["wide288_even"].nonzero().flatten().tolist() == [4, 5, 6, 7]
     assert [v for v, _ in pgb.expert_classes("w160", torch.tensor([300, 400], dtype=torch.int32))] == ["regular"]
+    with pytest.raises(ValueError, match="scheme"):
+        pgb.expert_classes("no-such-scheme", counts)
 
 
 def test_prefill_bench_class_candidates_check_every_class(monkeypatch, tmp_path):
