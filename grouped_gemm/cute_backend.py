@@ -79,7 +79,9 @@ The per-unit expert search (binary search over row_offsets) reads SMEM copies ma
 
 Schedulers: STATIC (unit = cluster id + i * clusters) or DYNAMIC (the producer's lane 0 of each cluster's
 rank 0 takes units from a global atomic counter one unit ahead and hands them to the consumers, and to
-rank 1, through the scheduler pipeline; both CTAs of a cluster so always work on the same unit). The
+rank 1, through the scheduler pipeline; both CTAs of a cluster so always work on the same unit), or DYNAMIC_SIDES
+(DYNAMIC with the unit order cut in halves, one per L2 partition: a cluster takes units of its SM's half first, so
+the units that share a tile run on SMs of one partition; l2_sides.py). The
 host wrapper (sm90_grouped_gemm._launch_scratch) zeroes a fresh workspace for every launch in stream order, so
 no state outlives a launch or a graph replay; in the kernel, every fetching CTA adds one to a finish count after
 its last fetch, and the last one to finish zeroes both words again (callers that pass one workspace to several
@@ -107,6 +109,11 @@ from .cute_epilogue import GATED_EPILOGUES, Sm90EpilogueMixin
 
 SCHED_STATIC = "static"
 SCHED_DYNAMIC = "dynamic"
+# DYNAMIC with the unit order cut in two halves, one per L2 partition ("side"): workspace[4 + smid] is the side of
+# that SM (grouped_gemm/l2_sides.py), workspace[0] / [2] count the units taken from the first / second half
+SCHED_DYNAMIC_SIDES = "dynamic_sides"
+SIDE_MAP_OFFSET = 4
+SIDE_MAP_ENTRIES = 256  # SM ids below 256 (an H100 / H200 has 132 SMs numbered up to 143)
 RASTER_M = "along_m"  # consecutive units walk down the m-blocks of one n-block (weight tile reuse in L2)
 RASTER_N = "along_n"  # consecutive units walk across the n-blocks of one m-block (A tile reuse in L2)
 RASTER_GROUPED_M = "grouped_m"  # groups of raster_group_m m-blocks: m-blocks of a group, then the next n-block
@@ -162,6 +169,8 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         self.has_row_scale = has_row_scale
         self.num_experts = num_experts
         self.scheduler = scheduler
+        self.dynamic = scheduler in (SCHED_DYNAMIC, SCHED_DYNAMIC_SIDES)  # units from a global atomic counter
+        self.sides = scheduler == SCHED_DYNAMIC_SIDES
         self.raster = raster
         self.raster_group_m = raster_group_m
         self.num_sms = num_sms
@@ -188,7 +197,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         counts: cute.Tensor,  # [E] int32
         bias: cute.Tensor,  # [E, N] fp32 (packed like b for gated epilogues); unused unless has_bias
         row_scale: cute.Tensor,  # [M] fp32; unused unless has_row_scale
-        workspace: cute.Tensor,  # [4] int32: dynamic scheduler counter, done count
+        workspace: cute.Tensor,  # [4] int32: dynamic scheduler counter, done count (DYNAMIC_SIDES: + side map)
         pair_threshold: cutlass.Int32,
         stream,
     ):
@@ -570,17 +579,17 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             elif warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
-                unit = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True, rank)
-                if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                total = self.total_units(s_rows)
+                unit = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True, rank, total)
+                if cutlass.const_expr(self.dynamic):
                     unit = self.publish_unit(unit, sched, sched_state, slots, rank)
                     sched_state.advance()  # pipeline states advance in the loop body, where the DSL carries them
-                total = self.total_units(s_rows)
                 while unit < total:
                     m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(
                         unit, s_rows, s_counts, pair_threshold, rank
                     )
                     # ask for the next unit now: the atomic's latency hides behind this unit's loads
-                    next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, rank)
+                    next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, rank, total)
                     for k in cutlass.range(k_tiles, unroll=1):
                         mainloop.producer_acquire(state)
                         bar = mainloop.producer_get_barrier(state)
@@ -601,7 +610,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
                         mainloop.producer_commit(state)
                         state.advance()
                     unit = next_unit
-                    if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                    if cutlass.const_expr(self.dynamic):
                         unit = self.publish_unit(unit, sched, sched_state, slots, rank)
                         sched_state.advance()
                 self.finish_dynamic(workspace, num_clusters, rank)
@@ -650,7 +659,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             sched_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.sched_stages)
             epi_count = cutlass.Int32(0)
             unit = cluster_id
-            if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+            if cutlass.const_expr(self.dynamic):
                 unit = self.read_published_unit(sched, sched_read, slots)
                 sched_read.advance()
             total = self.total_units(s_rows)
@@ -760,7 +769,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
                             gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD, tRS_rD_out,
                             tRS_sD, store_pipe, self.epi_barrier, 0, epi_count, warp_idx == 4,
                         )
-                    if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                    if cutlass.const_expr(self.dynamic):
                         unit = self.read_published_unit(sched, sched_read, slots)
                         sched_read.advance()
                     else:
@@ -821,7 +830,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
                                 warp_idx == 4 + 4 * wg,
                             )
                     seen = seen + 1
-                    if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+                    if cutlass.const_expr(self.dynamic):
                         unit = self.read_published_unit(sched, sched_read, slots)
                         sched_read.advance()
                     else:
@@ -854,20 +863,20 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
         sched_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.sched_stages)
         unit = cluster_id
-        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+        total = self.total_units(s_rows)
+        if cutlass.const_expr(self.dynamic):
             if warp_idx == 0:
-                first = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True, 0)
+                first = self.fetch_unit(cluster_id, num_clusters, cluster_id, workspace, True, 0, total)
                 self.publish_unit(first, sched, sched_state, slots, 0)
             sched_state.advance()  # (every warp keeps a copy; warp 0's is the one in use)
             unit = self.read_published_unit(sched, sched_read, slots)
             sched_read.advance()
-        total = self.total_units(s_rows)
         while unit < total:
             m_block, nb, expert, in_use, has_valid, is_pair = self.decode_unit(unit, s_rows, s_counts, pair_threshold, 0)
             next_unit = unit + num_clusters
-            if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+            if cutlass.const_expr(self.dynamic):
                 if warp_idx == 0:  # ask for the next unit now: the atomic's latency hides behind the loads
-                    next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, 0)
+                    next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, 0, total)
             first_row = m_block * self.tile_m + row0
             for i in cutlass.range_constexpr(rows_per_thread):
                 row = first_row + 16 * i
@@ -897,7 +906,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
                         cute.copy(cp_atom, cute.make_tensor(src_ptr, cute.make_layout(dst.shape)), dst)
                 cute.arch.cp_async_mbarrier_arrive_noinc(mainloop.producer_get_barrier(state))
                 state.advance()
-            if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+            if cutlass.const_expr(self.dynamic):
                 if warp_idx == 0:
                     self.publish_unit(next_unit, sched, sched_state, slots, 0)
                 sched_state.advance()
@@ -923,13 +932,35 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
 
     # ------------------------------------------------------------------ scheduling
     @cute.jit
-    def fetch_unit(self, cluster_id, num_clusters, previous, workspace, is_first: cutlass.Constexpr, rank):
+    def fetch_unit(self, cluster_id, num_clusters, previous, workspace, is_first: cutlass.Constexpr, rank,
+                   total=None):
         """Producer warp: the next unit (STATIC: arithmetic; DYNAMIC: one atomic by lane 0 of the cluster's
-        rank 0, broadcast to the warp; rank 1 gets the unit from publish_unit instead)."""
+        rank 0, broadcast to the warp; rank 1 gets the unit from publish_unit instead).
+
+        DYNAMIC_SIDES (needs `total`): the units [0, half) belong to side 0 and [half, total) to side 1 (half =
+        ceil(total / 2)); a cluster takes the next unit of its SM's side (workspace[4 + smid]) from that side's
+        counter, and once its side has none left, the next one of the other side (`total` when neither has)."""
         unit = cluster_id
         if cutlass.const_expr(not is_first):
             unit = previous + num_clusters
-        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+        if cutlass.const_expr(self.sides):
+            lane = cute.arch.lane_idx()
+            fetched = cutlass.Int32(0)
+            if lane == 0 and rank == 0:
+                sm = cutlass.min(cutlass.Int32(cute.arch.smid()), cutlass.Int32(SIDE_MAP_ENTRIES - 1))
+                side = workspace[SIDE_MAP_OFFSET + sm]
+                half = (total + 1) // 2
+                own_count = half + side * (total - 2 * half)  # side 0: half; side 1: total - half
+                taken = cute.arch.atomic_add(workspace.iterator + 2 * side, cutlass.Int32(1))
+                fetched = side * half + taken
+                if taken >= own_count:
+                    other = 1 - side
+                    stolen = cute.arch.atomic_add(workspace.iterator + 2 * other, cutlass.Int32(1))
+                    fetched = other * half + stolen
+                    if stolen >= total - own_count:
+                        fetched = total
+            unit = cute.arch.shuffle_sync(fetched, 0)
+        elif cutlass.const_expr(self.dynamic):
             lane = cute.arch.lane_idx()
             fetched = cutlass.Int32(0)
             if lane == 0 and rank == 0:
@@ -978,7 +1009,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
     def scheduler_tail(self, sched, sched_state, rank):
         """DYNAMIC clusters: rank 0 waits until every reader of both CTAs released every slot, so that no
         remote arrive from rank 1 targets rank 0's shared memory after rank 0 exited."""
-        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC and self.cluster_m > 1):
+        if cutlass.const_expr(self.dynamic and self.cluster_m > 1):
             if cute.arch.lane_idx() == 0 and rank == 0:
                 for i in cutlass.range_constexpr(self.sched_stages):
                     position = sched_state.index + i
@@ -998,10 +1029,12 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
     def finish_dynamic(self, workspace, num_fetchers, rank):
         """Epoch reset: the last fetching CTA (rank 0 of each cluster) to finish zeroes the counter for the
         next launch."""
-        if cutlass.const_expr(self.scheduler == SCHED_DYNAMIC):
+        if cutlass.const_expr(self.dynamic):
             if cute.arch.lane_idx() == 0 and rank == 0:
                 cute.arch.fence_acq_rel_gpu()
                 done = cute.arch.atomic_add(workspace.iterator + 1, cutlass.Int32(1))
                 if done == num_fetchers - 1:
                     workspace[0] = cutlass.Int32(0)
                     workspace[1] = cutlass.Int32(0)
+                    if cutlass.const_expr(self.sides):
+                        workspace[2] = cutlass.Int32(0)

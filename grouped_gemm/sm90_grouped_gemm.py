@@ -24,6 +24,7 @@ import math
 
 import torch
 
+from . import l2_sides
 from .budget import ARCH_LIMITS, Arch, WorkUnit, input_bytes_per_stage, max_stages
 from .cute_runtime import KernelCache, KernelKey
 from .epilogue import GATE_UP_CHUNK, Activation, GemmStage, epilogue_name, pack_gate_up_rows, parse_epilogue_name
@@ -80,6 +81,9 @@ METADATA_RESERVE_BYTES = 8 * 257  # SMEM copies of row_offsets and counts, up to
 class Scheduler(enum.Enum):
     STATIC = "static"  # unit = cluster id + i * clusters
     DYNAMIC = "dynamic"  # global atomic counter (rank 0 of each cluster fetches), epoch reset in-kernel
+    # DYNAMIC with the unit order in two halves, one per L2 partition of the SMs (l2_sides.py): units that share an
+    # operand tile run on one partition's SMs; the regular kernel only
+    DYNAMIC_SIDES = "dynamic_sides"
 
 
 class Raster(enum.Enum):
@@ -455,9 +459,11 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         return False, "activation: GEMM2 takes no activation"
     if problem.k % 8:
         return False, f"k: {problem.k} must be a multiple of 8 (16-byte TMA rows)"
-    if config.work_unit is WorkUnit.PAIR and config.scheduler is Scheduler.DYNAMIC and (
+    if config.work_unit is WorkUnit.PAIR and config.scheduler in (Scheduler.DYNAMIC, Scheduler.DYNAMIC_SIDES) and (
             config.consumers is Consumers.PINGPONG):
         return False, "scheduler: DYNAMIC with PAIR units needs COOPERATIVE consumers"
+    if config.scheduler is Scheduler.DYNAMIC_SIDES and (swapped or config.padding_rows in FUSED_TAIL_PARTS):
+        return False, "scheduler: DYNAMIC_SIDES is implemented for the regular TOKENS_AS_M kernel only"
     if problem.num_experts > 256:
         return False, f"num_experts: at most 256 (SMEM metadata copy), got {problem.num_experts}"
     if config.consumers is Consumers.PINGPONG and config.tile_m * config.tile_n > 128 * 128:
@@ -804,7 +810,7 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
     counts = make_fake_compact_tensor(cutlass.Int32, (e,))
     bias = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int()), stride_order=(1, 0))
     row_scale = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),))
-    workspace = make_fake_compact_tensor(cutlass.Int32, (4,))
+    workspace = make_fake_compact_tensor(cutlass.Int32, (l2_sides.workspace_words(config.scheduler),))
     common = dict(
         tile_m=config.tile_m,
         tile_n=config.tile_n,
@@ -894,6 +900,8 @@ def _launch_scratch(config, device: torch.device):
     unused_workspace, dummy_bias, dummy_scale = _UNUSED[key]
     if config.scheduler is Scheduler.DYNAMIC:
         return torch.zeros(4, dtype=torch.int32, device=device), dummy_bias, dummy_scale
+    if config.scheduler is Scheduler.DYNAMIC_SIDES:
+        return l2_sides.launch_workspace(device), dummy_bias, dummy_scale
     return unused_workspace, dummy_bias, dummy_scale
 
 

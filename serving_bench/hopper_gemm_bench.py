@@ -59,7 +59,7 @@ def check_variants():
     SPLIT = s90.PaddingRows.SPLIT_TAIL
     UNDER = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
     ACT = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP
-    EG, DYN = s90.Raster.EXPERT_GROUPED_M, s90.Scheduler.DYNAMIC
+    EG, DYN, SIDES = s90.Raster.EXPERT_GROUPED_M, s90.Scheduler.DYNAMIC, s90.Scheduler.DYNAMIC_SIDES
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
     single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
     dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
@@ -239,6 +239,16 @@ def check_variants():
         ("g1_gelu_expert_grouped8_skip_n256_tail_dynamic_decode", Cfg(tile_n=256, scheduler=DYN, raster=EG,
                                                                      raster_group_m=8, padding_rows=SKIP,
                                                                      epilogue_store=UNDER), p1_gelu),
+        # Scheduler.DYNAMIC_SIDES: the unit order in two halves, one per L2 side (the side map: tests set several);
+        # GEMM1's default raster and the token rows, GEMM2 grouped, PAIR clusters, and few units (a short half)
+        ("g1_swiglu_sides_expert_grouped3_skip_n256_many", Cfg(scheduler=SIDES, raster=EG, raster_group_m=3,
+                                                              padding_rows=SKIP, epilogue_store=UNDER), p1_n512),
+        ("g1_oai_bias_sides_token_rows_many", dataclasses.replace(dyn, scheduler=SIDES, a_source=TOKEN_ROWS), p1_oai),
+        ("g2_rowscale_bias_sides_grouped3_skip_many", Cfg(tile_n=256, scheduler=SIDES, raster=s90.Raster.GROUPED_M,
+                                                          raster_group_m=3, padding_rows=SKIP), p2_bias),
+        ("g2_rowscale_sides_pair_many", Cfg(tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1, scheduler=SIDES),
+         p2),
+        ("g1_swiglu_sides", dataclasses.replace(dyn, scheduler=SIDES), p1),
         # PaddingRows.FUSE_TAIL (cute_fused_tail_backend.py): an expert's last m-block of <= 64 valid rows rides on
         # the m-block before it (192-row units); STATIC and DYNAMIC, every raster, a partial n-block (tail columns
         # past N), 48-column tail output tiles (tile_n 192, gated), fp16, and tiles that never fuse ("_decode")

@@ -33,6 +33,7 @@ import sys
 
 import torch
 
+from moe2cta.grouped_gemm import l2_sides
 from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
 from moe2cta.grouped_gemm import triton_grouped_gemm as tg
 from moe2cta.grouped_gemm.epilogue import W13Layout
@@ -40,6 +41,7 @@ from moe2cta.grouped_gemm.reference import grouped_gemm1_reference, grouped_gemm
 from moe2cta.presets import get_preset
 from moe2cta.router import Scoring
 from moe2cta.router.reference import route_reference
+from moe2cta.serving_bench import l2_sides_probe
 from moe2cta.serving_bench.distributions import make_correction_bias
 from moe2cta.serving_bench.power import PowerSampler, idle_reading, stream_joules_per_byte, sustain
 from moe2cta.serving_bench.hopper_gemm_bench import (
@@ -54,7 +56,7 @@ from moe2cta.serving_bench.hopper_gemm_bench import (
 
 COPIES = 4
 ROUNDS = 15
-DYN, STATIC = s90.Scheduler.DYNAMIC, s90.Scheduler.STATIC
+DYN, STATIC, SIDES = s90.Scheduler.DYNAMIC, s90.Scheduler.STATIC, s90.Scheduler.DYNAMIC_SIDES
 EVEN = s90.ExpertSplit.EVEN
 GROUPED = s90.Raster.GROUPED_M
 EXPERT_GROUPED = s90.Raster.EXPERT_GROUPED_M
@@ -109,6 +111,11 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         # grouped rasters, on consecutive CTAs); and with every padding row multiplied (units of equal length)
         "regular_static": rep(regular_cfg, scheduler=STATIC),
         "regular_static_multiply": rep(regular_cfg, scheduler=STATIC, padding_rows=s90.PaddingRows.MULTIPLY),
+        # the same scheduled DYNAMIC_SIDES: each half of the unit order on one L2 partition's SMs (each --side-maps map
+        # is timed as its own candidate); GEMM1 also on the token rows (GEMM2 of that variant: regular_sides)
+        "regular_sides": rep(regular_cfg, scheduler=SIDES),
+        "token_rows_sides": (token_rows and rep(token_rows, scheduler=SIDES))
+        if problem.kind is s90.GemmStage.GEMM1 else rep(regular_cfg, scheduler=SIDES),
         # GEMM1 in the raster and padding-row mode of before v15 (ALONG_N / GROUPED_M, MULTIPLY); GEMM2 as regular
         "previous_gemm1": rep(regular_cfg, raster=s90.regular_schedule(
             regular_cfg.work_unit, rows_per_expert, n_blocks=-(-problem.n // regular_cfg.tile_n))[1],
@@ -299,6 +306,17 @@ def class_candidates(scheme, label, kdir, preset, counts, weights, cfgs1, cfgs2,
     return [(name, "gemm1", run1, checked(run1, "gemm1")), (name, "gemm2", run2, checked(run2, "gemm2"))]
 
 
+def _on_side_map(side_map, fn):
+    """fn, installing the DYNAMIC_SIDES side map first where there is one (each call, so a graph captures its own)."""
+    if side_map is None:
+        return fn
+
+    def call(c):
+        l2_sides.set_side_map(side_map.device, side_map)
+        return fn(c)
+    return call
+
+
 def _implementable(config, problem):
     """config where the kernel family can run it on problem, else None (the variant is skipped)."""
     return config if s90.can_implement(config, problem)[0] else None
@@ -363,11 +381,13 @@ def routed_counts(routing: str, preset, tokens: int, gen: torch.Generator) -> to
 
 def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants=("default",),
              routing: str = "random", paddings: tuple[str, ...] = ("random",), sustain_s: float = 0.0,
-             sustain_only: tuple[str, ...] = ("cute", "dense"), class_schemes: tuple[str, ...] = ()) -> list[dict]:
+             sustain_only: tuple[str, ...] = ("cute", "dense"), class_schemes: tuple[str, ...] = (),
+             side_maps: tuple[tuple[str, list[int]], ...] = (("zero", [0]),)) -> list[dict]:
     """Time every candidate on this cell; with several `paddings`, the CuTe and Triton candidates once per
     content of A's padding rows (the valid rows are the same), labelled `<backend>@<padding>` past the first,
     all in the same interleaved rounds (one process: no process-to-process spread between them); per bundle also
-    each of `class_schemes` (EXPERT_CLASS_SCHEMES: the experts split over kernels by their rows)."""
+    each of `class_schemes` (EXPERT_CLASS_SCHEMES: the experts split over kernels by their rows). A DYNAMIC_SIDES
+    variant is timed once per `side_maps` entry (name, side of each SM id), labelled `<variant>[<name>]`."""
     dev = torch.device("cuda")
     e, h, i, k = preset.num_experts, preset.hidden, preset.intermediate, preset.top_k
     w13, w13_packed, w2, b13, b2 = weights
@@ -426,6 +446,7 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
     p1, p2 = problems_of(preset)
     cfgs1, cfgs2 = variant_configs(p1, rows / e), variant_configs(p2, rows / e)
     candidates = []  # (label, gemm, fn(copy index))
+    map_tensors = {map_name: l2_sides.set_side_map(dev, sides) for map_name, sides in side_maps}
     custom_checks = {}  # (label, gemm) -> check() of the candidates that write their own outputs
     for label, kdir in bundles:
         for scheme in class_schemes:
@@ -452,26 +473,32 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
             if missing:
                 print(f"{preset.name:16s} T={tokens:6d} {name}: not in bundle {kdir}, skipped", flush=True)
                 continue
-            if v.startswith("token_rows"):
-                if token_rows is None or len(paddings) > 1:
-                    print(f"{preset.name:16s} T={tokens:6d} {name}: one padding only, skipped", flush=True)
+            maps = [("", None)]
+            if SIDES in (cfgs1[v].scheduler, cfgs2[v].scheduler):
+                maps = [(f"[{map_name}]", map_tensors[map_name]) for map_name, _ in side_maps]
+            for map_tag, side_map in maps:
+                if v.startswith("token_rows"):
+                    if token_rows is None or len(paddings) > 1:
+                        print(f"{preset.name:16s} T={tokens:6d} {name}: one padding only, skipped", flush=True)
+                        break
+                    hidden, a_rows = token_rows
+                    candidates += [
+                        (name + map_tag, "gemm1", _on_side_map(side_map, lambda c, kdir=kdir, cfg=cfgs1[v]: (
+                            s90.sm90_grouped_gemm1(hidden[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13,
+                                                   out=o1, config=cfg, kernel_directory=kdir, a_rows=a_rows,
+                                                   rows_per_token=k)))),
+                    ]
                     continue
-                hidden, a_rows = token_rows
-                candidates += [
-                    (name, "gemm1", lambda c, kdir=kdir, cfg=cfgs1[v]: s90.sm90_grouped_gemm1(
-                        hidden[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13, out=o1, config=cfg,
-                        kernel_directory=kdir, a_rows=a_rows, rows_per_token=k)),
-                ]
-                continue
-            for padding, (x1, x2) in inputs.items():
-                tag = "" if padding == paddings[0] else f"@{padding}"
-                candidates += [
-                    (name + tag, "gemm1", lambda c, kdir=kdir, cfg=cfgs1[v], x1=x1: s90.sm90_grouped_gemm1(
-                        x1[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13, out=o1, config=cfg,
-                        kernel_directory=kdir)),
-                    (name + tag, "gemm2", lambda c, kdir=kdir, cfg=cfgs2[v], x2=x2: s90.sm90_grouped_gemm2(
-                        x2[c], w2, ro_d, cn_d, row_scale=rs, b2=b2, out=o2, config=cfg, kernel_directory=kdir)),
-                ]
+                for padding, (x1, x2) in inputs.items():
+                    tag = ("" if padding == paddings[0] else f"@{padding}") + map_tag
+                    candidates += [
+                        (name + tag, "gemm1", _on_side_map(side_map, lambda c, kdir=kdir, cfg=cfgs1[v], x1=x1: (
+                            s90.sm90_grouped_gemm1(x1[c], w13_packed, ro_d, cn_d, preset.activation, b13=b13,
+                                                   out=o1, config=cfg, kernel_directory=kdir)))),
+                        (name + tag, "gemm2", _on_side_map(side_map, lambda c, kdir=kdir, cfg=cfgs2[v], x2=x2: (
+                            s90.sm90_grouped_gemm2(x2[c], w2, ro_d, cn_d, row_scale=rs, b2=b2, out=o2, config=cfg,
+                                                   kernel_directory=kdir)))),
+                    ]
     static = tg.TileScheduler.STATIC
     for label, t1, t2 in (("triton", tcfg1, tcfg2),  # the default; and its tiles scheduled STATIC
                           ("triton-static", dataclasses.replace(tcfg1, scheduler=static),
@@ -622,6 +649,10 @@ def main(argv=None) -> int:
     parser.add_argument("--expert-classes", nargs="+", default=[], choices=sorted(EXPERT_CLASS_SCHEMES),
                         metavar="SCHEME", help="also time, per bundle, each expert-class scheme (experts split over "
                         f"kernels by their rows): {', '.join(sorted(EXPERT_CLASS_SCHEMES))}")
+    parser.add_argument("--side-maps", nargs="+", default=["zero"], metavar="NAME=SPEC",
+                        help="the side maps each DYNAMIC_SIDES variant is timed with: SPEC a builtin map "
+                             f"({', '.join(l2_sides_probe.BUILTIN_MAPS)}) or an l2_sides_probe JSON; NAME=SPEC or "
+                             "just a builtin's name (default: zero, the DYNAMIC order)")
     parser.add_argument("--build", metavar="DIR", default=None, help="compile the kernels (no GPU) into DIR and exit")
     args = parser.parse_args(argv)
     if args.sustain < 0 or 0 < args.sustain <= 1.0:
@@ -636,6 +667,13 @@ def main(argv=None) -> int:
         if not sep or not label or not path:
             parser.error(f"--bundle: expected LABEL=DIR, got {spec!r}")
         bundles.append((label, path))
+    side_maps = []
+    for spec in args.side_maps:
+        map_name, _, source = spec.rpartition("=")
+        try:
+            side_maps.append((map_name or source, l2_sides_probe.load_side_map(source)))
+        except ValueError as err:
+            parser.error(f"--side-maps: {err}")
     dog = Watchdog(args.watchdog)
     gen = torch.Generator().manual_seed(11)
     results = []
@@ -645,7 +683,7 @@ def main(argv=None) -> int:
         for tokens in args.tokens:
             results += run_cell(preset, tokens, bundles, weights, dog, args.profile, gen, variants, args.routing,
                                 tuple(dict.fromkeys(args.padding)), args.sustain, tuple(args.sustain_only),
-                                tuple(args.expert_classes))
+                                tuple(args.expert_classes), tuple(side_maps))
         del weights
         torch.cuda.empty_cache()
     if args.json:

@@ -630,6 +630,15 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                         aliases += (name,)
                 assert variants["store_after"] == dataclasses.replace(
                     variants["regular"], epilogue_store=s90.EpilogueStore.AFTER_MAINLOOP)
+                # DYNAMIC_SIDES: the regular choice (and GEMM1's token rows) with the unit order split by L2 side; GEMM2
+                # of the token-rows variant is the regular one's
+                sides = s90.Scheduler.DYNAMIC_SIDES
+                assert variants["regular_sides"] == dataclasses.replace(variants["regular"], scheduler=sides)
+                if problem.kind is s90.GemmStage.GEMM2:
+                    assert variants["token_rows_sides"] == variants["regular_sides"]
+                    aliases += ("token_rows_sides",)
+                elif variants["token_rows"] is not None:
+                    assert variants["token_rows_sides"] == dataclasses.replace(variants["token_rows"], scheduler=sides)
                 if problem.kind is s90.GemmStage.GEMM1:
                     assert variants["activation_under"] == dataclasses.replace(
                         variants["regular"], epilogue_store=s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP)
@@ -966,3 +975,36 @@ def test_placement_probe_names_bad_arguments(capsys):
         with pytest.raises(SystemExit):
             layer_placement_probe.main(["--models", "qwen3-30b-a3b", "--tokens", "8", flag, "1"])
         assert flag in capsys.readouterr().err
+
+
+def test_l2_sides_probe_analysis_splits_by_latency_and_gpc():
+    """sides_from_probe on a synthetic probe of 16 SMs in 4 GPCs: SMs 0-7 on the first reference's side (fast upper
+    quartile), 8-15 slow (their medians half fast, half slow: not what splits them); the second pass's reference is on the other side (its labels flip back into the first's frame); SM 3's
+    slow readings in two of the four passes (a tie of the passes) are outvoted by its GPC. Builtin maps and load_side_map's errors name the argument."""
+    from moe2cta.serving_bench import l2_sides_probe as probe
+
+    def one_pass(reference_block, near, bumped=()):
+        # a block on the far side: its median may sit at either level (only some lines are far), its upper
+        # quartile is at the far one
+        blocks = [{"sm": sm, "median": 300 + 170 * (sm % 2 and sm not in near), "q25": 290,
+                   "q75": (300 if sm in near and sm not in bumped else 470) + sm % 3} for sm in range(16)]
+        return {"reference_block": reference_block, "blocks": blocks}
+
+    first, second = set(range(8)), set(range(8, 16))
+    raw = {"device": "fake", "passes": [one_pass(0, first, bumped={3}), one_pass(15, second),
+                                        one_pass(0, first, bumped={3}), one_pass(15, second)],
+           "clusters": [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [1, 2]]}
+    result = probe.sides_from_probe(raw)
+    assert result["side_of_sm"] == [0] * 8 + [1] * 8
+    assert result["sides"] == [8, 8] and result["gpcs"] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11],
+                                                          [12, 13, 14, 15]]
+    assert result["gpcs_split_by_latency"] == 1  # SM 3
+    assert [round(a, 4) for a in result["agreement"]] == [1.0, 0.9375, 1.0, 0.9375]  # against the first pass
+    assert result["passes"][0]["near_cycles"] < result["passes"][0]["far_cycles"]
+    assert probe.builtin_side_map("zero") == [0] * probe.MAP_IDS
+    assert sum(probe.builtin_side_map("random")) == probe.MAP_IDS // 2
+    assert probe.builtin_side_map("parity")[:4] == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="spec: expected one of"):
+        probe.load_side_map("no-such-map")
+    with pytest.raises(ValueError, match="name: expected one of"):
+        probe.builtin_side_map("gpc")

@@ -75,6 +75,38 @@ def test_each_launch_gets_its_own_zeroed_workspace():
     assert static.shape == (4,) and static.dtype == torch.int32
 
 
+def test_dynamic_sides_workspace_limits_and_key():
+    """DYNAMIC_SIDES: a fresh workspace per launch with zeroed counters and the device's side map after them (zeros,
+    the DYNAMIC order, until one is set; a set map is validated and reinstalled without a copy); the regular kernel
+    only; its own kernel key."""
+    from moe2cta.grouped_gemm import l2_sides
+
+    l2_sides.clear_side_maps()
+    sides = s90.Sm90GemmConfig(scheduler=s90.Scheduler.DYNAMIC_SIDES, tile_n=128)
+    cpu = torch.device("cpu")
+    first, _, _ = s90._launch_scratch(sides, cpu)
+    assert first.shape == (4 + l2_sides.SIDE_MAP_ENTRIES,) and not first.any()
+    installed = l2_sides.set_side_map(cpu, [1, 0, 1])
+    second, _, _ = s90._launch_scratch(sides, cpu)
+    assert second[:4].tolist() == [0, 0, 0, 0] and second[4:8].tolist() == [1, 0, 1, 0] and int(second.sum()) == 2
+    assert second.data_ptr() != first.data_ptr()
+    assert l2_sides.set_side_map(cpu, installed) is installed and l2_sides.side_map(cpu) is installed
+    with pytest.raises(ValueError, match="sides: expected 0 or 1"):
+        l2_sides.set_side_map(cpu, [0, 2])
+    with pytest.raises(ValueError, match="sides: at most 256"):
+        l2_sides.set_side_map(cpu, [0] * 257)
+    l2_sides.clear_side_maps()
+    p1 = s90.Sm90Problem(G1, 512, 256, 8, torch.bfloat16, Activation.SWIGLU)
+    assert s90.can_implement(sides, p1) == (True, "")
+    for other in (dataclasses.replace(sides, operands=s90.Operands.WEIGHTS_AS_M, tile_m=32),
+                  dataclasses.replace(sides, raster=s90.Raster.EXPERT_GROUPED_M, padding_rows=s90.PaddingRows.FUSE_TAIL)):
+        ok, why = s90.can_implement(other, p1)
+        assert not ok and "DYNAMIC_SIDES" in why, why
+    dynamic = dataclasses.replace(sides, scheduler=s90.Scheduler.DYNAMIC)
+    assert s90.kernel_key(sides, p1) != s90.kernel_key(dynamic, p1)
+    assert s90.kernel_from_key(s90.kernel_key(sides, p1))[0].scheduler is s90.Scheduler.DYNAMIC_SIDES
+
+
 def test_prepack_rejects_bad_shapes():
     with pytest.raises(TypeError, match="w13"):
         s90.prepack_w13(torch.randn(4, 8))
@@ -639,6 +671,27 @@ def test_compile_small_and_check_ptx(name, config, problem):
     assert ("st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx) == (pair and dynamic)
     if pair and dynamic:
         assert "mbarrier.arrive.shared::cluster" in ptx
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("work_unit,a_source", [(WorkUnit.SINGLE, s90.ASource.EXPERT_ORDER_COPY),
+                                                (WorkUnit.PAIR, s90.ASource.EXPERT_ORDER_COPY),
+                                                (WorkUnit.SINGLE, s90.ASource.TOKEN_ROWS)])
+def test_compile_dynamic_sides_reads_the_sm_id_and_two_counters(work_unit, a_source):
+    """DYNAMIC_SIDES reads its SM id (%smid) for the side map and takes units from two counters (its side's, then
+    the other's): more global atomics than DYNAMIC's fetch and finish count; PAIR clusters keep the st.async
+    hand-over to rank 1."""
+    p1 = s90.Sm90Problem(G1, 512, 256, 8, torch.bfloat16, Activation.SWIGLU)
+    config = s90.Sm90GemmConfig(tile_n=128, scheduler=s90.Scheduler.DYNAMIC_SIDES, work_unit=work_unit,
+                                pair_threshold=1, a_source=a_source)
+    ptx = s90.compile_kernel(config, p1, keep_ptx=True).__ptx__
+    dynamic_ptx = s90.compile_kernel(dataclasses.replace(config, scheduler=s90.Scheduler.DYNAMIC), p1,
+                                     keep_ptx=True).__ptx__
+    assert "%smid" in ptx and "%smid" not in dynamic_ptx
+    atomics = len(re.findall(r"atom\.global[\w.]*\.add", ptx))
+    assert atomics > len(re.findall(r"atom\.global[\w.]*\.add", dynamic_ptx)) >= 2, atomics
+    assert ("st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx) == (work_unit is WorkUnit.PAIR)
+    assert "wgmma.mma_async" in ptx
 
 
 @NEEDS_DSL

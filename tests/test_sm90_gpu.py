@@ -113,3 +113,34 @@ def test_dynamic_launches_on_concurrent_streams():
         got, want = out[mask.to(dev)].float(), ref[mask.to(dev)].float()
         assert torch.isfinite(got).all()
         assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+SIDES_VARIANTS = [v for v in VARIANTS if v[1].scheduler is bench.s90.Scheduler.DYNAMIC_SIDES]
+
+
+@pytest.mark.parametrize("side_map", ["parity", "random", "ones", "measured"])
+@pytest.mark.parametrize("routing", ["random", "one_expert", "zero_experts"])
+@pytest.mark.parametrize("name,config,problem", SIDES_VARIANTS, ids=[v[0] for v in SIDES_VARIANTS])
+def test_dynamic_sides_under_any_side_map(name, config, problem, routing, side_map):
+    """DYNAMIC_SIDES writes every row once whatever side each SM is given (test_matches_twin runs the zero map):
+    half the SMs on each side (parity, random), every SM on the second half first so that every unit of the first
+    half is taken by stealing (ones), and the probe's map where l2_sides_probe left one ($MOE2CTA_SIDE_MAP)."""
+    from moe2cta.grouped_gemm import l2_sides
+    from moe2cta.serving_bench import l2_sides_probe
+
+    if side_map == "measured":
+        path = os.environ.get("MOE2CTA_SIDE_MAP")
+        if not path:
+            pytest.skip("no measured side map ($MOE2CTA_SIDE_MAP: an l2_sides_probe JSON)")
+        sides = l2_sides_probe.load_side_map(path)
+    else:
+        sides = [1] * l2_sides_probe.MAP_IDS if side_map == "ones" else l2_sides_probe.builtin_side_map(side_map)
+    l2_sides.set_side_map("cuda", sides)
+    try:
+        gen = torch.Generator().manual_seed(hash((name, routing, side_map)) % 2**31)
+        result = bench.check_one(name, config, problem, routing, None, gen, _NoWatchdog())
+    finally:
+        l2_sides.set_side_map("cuda", [0])
+    assert result["unwritten_rows"] == 0, result
+    assert result["repeat_identical"], result
+    assert result["err"] <= 2 * result["err_torch_bf16"] + 1e-3, result
