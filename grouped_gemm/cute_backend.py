@@ -84,7 +84,7 @@ rank 1, through the scheduler pipeline; both CTAs of a cluster so always work on
 the units that share a tile run on SMs of one partition; l2_sides.py). The
 host wrapper (sm90_grouped_gemm._launch_scratch) zeroes a fresh workspace for every launch in stream order, so
 no state outlives a launch or a graph replay; in the kernel, every fetching CTA adds one to a finish count after
-its last fetch, and the last one to finish zeroes both words again (callers that pass one workspace to several
+its last fetch, and the last one to finish zeroes the counter words again (callers that pass one workspace to several
 launches must keep them stream-ordered).
 
 Limits: bf16/fp16, K-major A and B, K % 8 == 0 (TMA zero-fills a partial last K tile; A_TOKEN_ROWS: K % tile_k

@@ -7,8 +7,8 @@ rasters put them next to each other) run on one side's SMs; a side whose half is
 
 The kernel reads the side of its SM from its workspace: [0] first half's counter, [1] finish count, [2] second
 half's counter, [3] unused, then SIDE_MAP_ENTRIES words, the side (0 or 1) of SM id i at 4 + i. A device's map is
-set once (`set_side_map`, from serving_bench/l2_sides.py's probe); a device without one gets all zeros, under which
-every SM takes the first half and then the second: exactly the DYNAMIC order.
+set once (`set_side_map`, with the map serving_bench/l2_sides_probe.py measures on that chip); a device without one
+gets all zeros, under which every SM takes the first half and then the second: exactly the DYNAMIC order.
 """
 from __future__ import annotations
 
