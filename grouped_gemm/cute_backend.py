@@ -351,14 +351,16 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         }
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
-    def single_cta_pipelines(self, storage, tx_count):
+    def single_cta_pipelines(self, storage, tx_count, copying_threads=0):
         """The pipelines of a cluster-1 kernel (cute_swapped_backend.py, cute_fused_tail_backend.py), then the
         barrier-init arrive: the mainloop's (one TMA producer thread, `tx_count` bytes a stage, every consumer warp
-        releases) and the DYNAMIC scheduler's (one producer thread, every consumer thread reads each slot)."""
+        releases) and the DYNAMIC scheduler's (one producer thread, every consumer thread reads each slot).
+        `copying_threads` producer threads that also fill each stage by cp.async (one .noinc arrival each on "full")
+        and read every published unit (A_TOKEN_ROWS)."""
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mainloop_barriers.data_ptr(),
             num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1 + copying_threads),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_consumer_wg),
             tx_count=tx_count,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
@@ -368,7 +370,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             barrier_storage=storage.sched_barriers.data_ptr(),
             num_stages=self.sched_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads + copying_threads),
             defer_sync=True,
         )
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)

@@ -34,9 +34,18 @@ in flight stream the neighbouring weight tiles of a few experts). Measured and r
 an expert's tiles of one n-block next to each other, expert by expert, slower in every cell (up to 1.36x): which
 CTAs share an operand matters, and ALONG_N gives a token tile to consecutive ones.
 
+Where the token rows come from (a_source): A_COPY, the gathered copy in padded expert order, by TMA; or, wide GEMM1
+tiles, A_TOKEN_ROWS: the token matrix [T, K] itself, row r of the padded order reading token a_rows[r] //
+rows_per_token (a_rows = the dispatch's sorted_slots), so the layer runs no gather launch.
+
 Warp roles (128 threads per warpgroup; decode: 256 threads, wide: 384, or 256 for 64 weight rows):
 - warpgroup 0, warp 0: TMA producer (per unit: the K tiles of the token tile and of the weight tile into
   the next free stage); DYNAMIC: fetches units from the global counter as in cute_backend.py.
+  A_TOKEN_ROWS: all four warps produce. At each unit every thread looks up the tokens of its rows (thread t: rows
+  t // 8 + 16 i, valid rows only) into SMEM; per stage it copies 16-byte chunk t % 8 of each of those rows'
+  64-column slices by cp.async into the swizzled stage and arrives on the stage's full barrier when they landed
+  (.noinc); warp 0 also loads the weight tile by TMA with its transaction bytes. Rows past the unit's valid rows
+  are not copied (their products land in columns never stored).
 - warpgroups 1..: the consumers. wgmma with the weight tile as A (decode: tile_n / 64 instructions per k-block
   in one warpgroup; wide: 64 or 128 weight rows per warpgroup) and the token tile as B, one wgmma group in
   flight. Each thread holds weight rows r and r + 8 of every 16, which the w13 prepack (8 gate rows, then the
@@ -47,12 +56,17 @@ Warp roles (128 threads per warpgroup; decode: 256 threads, wide: 384, or 256 fo
   stores from there (the consumer warpgroups meet at a named barrier around each pass). Rows past the
   expert's count (padding, or the next expert's rows) are never stored.
 Pipelines: mainloop (PipelineTmaAsync, `stages` deep; "full" = the stage's weight and token bytes landed,
-a byte count the wide producer sets per unit; "empty" = every consumer warp released it) and DYNAMIC's
-scheduler slot, as in cute_backend.py. The producer and consumer loops mirror cute_backend.py's in the kernel
+a byte count the wide producer sets per unit (A_TOKEN_ROWS: the weight bytes and 128 more arrivals, one per producer
+thread whose copies landed); "empty" = every consumer warp released it) and DYNAMIC's scheduler slot, as in
+cute_backend.py (A_TOKEN_ROWS: the four producer warps read every unit too). The producer and consumer loops mirror cute_backend.py's in the kernel
 body on purpose: a pipeline state advanced inside a helper is not carried back through the DSL's loop (the
 v1 hang recorded in docs/perf-notes-sm90.md).
 
-Limits: cluster 1 (no multicast), bf16/fp16, K % 8 == 0; decode: N % tile_n == 0, tile_n a multiple of 64
+Registers: setmaxnreg moves registers only within the CTA's launch allocation, so the producer warpgroup stays at 40
+beside the consumers' 232 (asking 48 left the consumers' increase waiting forever: measured as a hang).
+
+Limits: cluster 1 (no multicast), bf16/fp16, K % 8 == 0 (A_TOKEN_ROWS: wide GEMM1 tiles, K % tile_k == 0, tile_k a
+multiple of 64); decode: N % tile_n == 0, tile_n a multiple of 64
 (<= 256), tile_m in {8, 16, 32, 64} dividing the row_offsets alignment; wide: tile_n 64, 128 or 256, tile_m 128,
 160, 256 or 288 with tile_m * tile_n <= 160 * 256 (accumulator registers), token_step a multiple of 8 dividing
 tile_m (of 16 above 256 rows: each half is a wgmma N), row_offsets multiples of 64, and a partial last n-block where
@@ -69,7 +83,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.experimental import primitives as prims
 from cutlass.pipeline import pipeline_init_wait
 
-from .cute_backend import CONSUMERS_COOPERATIVE, SCHED_DYNAMIC, RASTER_N, Sm90GroupedGemmKernel
+from .cute_backend import (A_COPY, A_TOKEN_ROWS, CONSUMERS_COOPERATIVE, CP_ASYNC_CHUNK, RASTER_N, SCHED_DYNAMIC,
+                           Sm90GroupedGemmKernel)
 from .sm90_grouped_gemm import WGMMA_MAX_N, WIDE_EPI_PAD, ExpertSplit, wide_epilogue_rows, wide_token_box
 
 WIDE_MIN_TILE_M = 64  # token tiles above this are "wide": several consumer warpgroups, wgmma N chosen per unit
@@ -81,11 +96,11 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
     consumer warpgroups."""
 
     def __init__(self, *, tile_m, tile_n, tile_k, stages, epilogue, has_bias, has_row_scale, num_experts, scheduler,
-                 raster, num_sms, token_step=0, expert_split=ExpertSplit.FILL.value):
+                 raster, num_sms, token_step=0, expert_split=ExpertSplit.FILL.value, a_source=A_COPY):
         super().__init__(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=stages, cluster_m=1, epilogue=epilogue,
             has_bias=has_bias, has_row_scale=has_row_scale, num_experts=num_experts, scheduler=scheduler,
-            raster=raster, num_sms=num_sms, consumers=CONSUMERS_COOPERATIVE,
+            raster=raster, num_sms=num_sms, consumers=CONSUMERS_COOPERATIVE, a_source=a_source,
         )
         self.wide = tile_m > WIDE_MIN_TILE_M
         # wide: two consumer warpgroups (one for 64 weight rows), each 64 or 128 weight rows (1 or 2 wgmma atoms)
@@ -126,6 +141,31 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         pair_threshold: cutlass.Int32,  # unused (no pairs); kept so every sm90 kernel has one signature
         stream,
     ):
+        """A_COPY: the token tiles come by TMA from the gathered copy in padded expert order."""
+        self.launch(a, row_offsets, cutlass.Int32(1), b, c, row_offsets, counts, bias, row_scale, workspace, stream)
+
+    @cute.jit
+    def call_token_rows(
+        self,
+        a: cute.Tensor,  # [T, K]: the token rows
+        a_rows: cute.Tensor,  # [M] int32: padded row -> slot t * rows_per_token + j (-1: padding, never read)
+        b: cute.Tensor,
+        c: cute.Tensor,  # [M, N_out]
+        row_offsets: cute.Tensor,
+        counts: cute.Tensor,
+        bias: cute.Tensor,
+        row_scale: cute.Tensor,
+        workspace: cute.Tensor,
+        pair_threshold: cutlass.Int32,
+        rows_per_token: cutlass.Int32,  # top-k: slot // rows_per_token is the token
+        stream,
+    ):
+        """A_TOKEN_ROWS (wide GEMM1): the producer warpgroup copies each unit's token rows itself (no gathered copy)."""
+        self.launch(a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, stream)
+
+    @cute.jit
+    def launch(self, a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, stream):
+        """Trace-time set-up (MMA atom, SMEM layouts, copy atoms, shared storage) and the launch."""
         self.ab_dtype = a.element_type
         self.c_dtype = c.element_type
         self.n = b.shape[1]
@@ -148,9 +188,17 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         b_nke = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 2, 0]))  # expert = batch mode
         t_box_one = cute.slice_(t_box_staged, (None, None, 0))
         w_smem_one = cute.slice_(w_smem_staged, (None, None, 0))
-        tma_atom_t, tma_t = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a, t_box_one, (self.token_box, self.tile_k)
-        )
+        if cutlass.const_expr(self.token_rows):
+            # 16-byte cp.async per thread (the producer warpgroup: 16 rows x 8 chunks of 8 elements per copy)
+            tma_atom_t = cute.make_copy_atom(
+                cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), self.ab_dtype,
+                num_bits_per_copy=128,
+            )
+            tma_t = a
+        else:
+            tma_atom_t, tma_t = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), a, t_box_one, (self.token_box, self.tile_k)
+            )
         tma_atom_w, tma_w = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp(), b_nke, w_smem_one, (self.tile_n, self.tile_k)
         )
@@ -166,14 +214,15 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             expert_rows: cute.struct.MemRange[cutlass.Int32, self.num_experts + 1]
             expert_counts: cute.struct.MemRange[cutlass.Int32, self.num_experts]
             expert_tiles: cute.struct.MemRange[cutlass.Int32, self.num_experts + 1]
+            tile_tokens: cute.struct.MemRange[cutlass.Int32, self.tile_m if self.token_rows else 1]  # A_TOKEN_ROWS
             sT: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(t_smem_staged)], self.buffer_align_bytes]
             sW: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(w_smem_staged)], self.buffer_align_bytes]
             sOut: cute.struct.Align[cute.struct.MemRange[self.c_dtype, self.epi_elems], 128]
 
         self.shared_storage = SharedStorage
         self.kernel(
-            tma_atom_t, tma_t, tma_atom_w, tma_w, c, row_offsets, counts, bias, row_scale, workspace,
-            t_smem_staged, t_box_staged, w_smem_staged, self.tiled_mma,
+            tma_atom_t, tma_t, a_rows, rows_per_token, tma_atom_w, tma_w, c, row_offsets, counts, bias, row_scale,
+            workspace, t_smem_staged, t_box_staged, w_smem_staged, self.tiled_mma,
         ).launch(grid=(self.num_sms, 1, 1), block=(self.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
 
     # ------------------------------------------------------------------ device helpers
@@ -229,6 +278,8 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         self,
         tma_atom_t: cute.CopyAtom,
         mT: cute.Tensor,
+        a_rows: cute.Tensor,
+        rows_per_token: cutlass.Int32,
         tma_atom_w: cute.CopyAtom,
         mW: cute.Tensor,
         mC: cute.Tensor,
@@ -247,12 +298,15 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         if warp_idx == 0:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_t)
+            if cutlass.const_expr(not self.token_rows):
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_t)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_w)
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        mainloop, sched = self.single_cta_pipelines(storage, self.tma_bytes)
+        # A_TOKEN_ROWS: the whole producer warpgroup copies (one more "full" arrival per thread) and reads each unit
+        mainloop, sched = self.single_cta_pipelines(storage, self.tma_bytes,
+                                                    self.threads_per_wg if self.token_rows else 0)
 
         sT_box = storage.sT.get_tensor(t_box_staged.outer, swizzle=t_box_staged.inner)
         sW = storage.sW.get_tensor(w_smem_staged.outer, swizzle=w_smem_staged.inner)
@@ -268,9 +322,11 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         # (box, bK, RestBoxes, RestK) token boxes, (bN, bK, RestN, RestK, E) weight tiles
         gT = cute.local_tile(mT, (self.token_box, self.tile_k), (None, None))
         gW = cute.local_tile(mW, (self.tile_n, self.tile_k), (None, None, None))
-        tTsT, tTgT = cute.nvgpu.cpasync.tma_partition(
-            tma_atom_t, 0, cute.make_layout(1), cute.group_modes(sT_box, 0, 2), cute.group_modes(gT, 0, 2)
-        )
+        tTsT, tTgT = sT_box, gT
+        if cutlass.const_expr(not self.token_rows):
+            tTsT, tTgT = cute.nvgpu.cpasync.tma_partition(
+                tma_atom_t, 0, cute.make_layout(1), cute.group_modes(sT_box, 0, 2), cute.group_modes(gT, 0, 2)
+            )
         tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
             tma_atom_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2)
         )
@@ -282,8 +338,17 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
 
         if wg_idx == 0:
             # ---------------------------------------------------------- producer warp
+            # (40: with the consumers' 232 exactly the CTA's registers at launch, the pool setmaxnreg moves them in;
+            # a producer asking for more leaves the consumers' increase waiting forever)
             cute.arch.setmaxregister_decrease(40)
-            if warp_idx == 0:
+            if cutlass.const_expr(self.token_rows):
+                sT = storage.sT.get_tensor(t_smem_staged.outer, swizzle=t_smem_staged.inner)
+                s_tokens = storage.tile_tokens.get_tensor(cute.make_layout(self.tile_m))
+                self.produce_token_rows_wide(
+                    tidx, warp_idx, mT, a_rows, rows_per_token, tma_atom_t, sT, s_tokens, tma_atom_w, tWgW, tWsW,
+                    mainloop, sched, slots, s_tiles, s_rows, s_counts, workspace, bidx, gdim, k_tiles, total,
+                )
+            elif warp_idx == 0:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
                 unit = self.fetch_unit(bidx, gdim, bidx, workspace, True, cutlass.Int32(0))
@@ -387,6 +452,85 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                     sched_read.advance()
                 else:
                     unit = unit + gdim
+
+    # ------------------------------------------------------------------ A_TOKEN_ROWS producer (wide tiles)
+    @cute.jit
+    def produce_token_rows_wide(self, tidx, warp_idx, mT, a_rows, rows_per_token, cp_atom, sT, s_tokens, tma_atom_w,
+                                tWgW, tWsW, mainloop, sched, slots, s_tiles, s_rows, s_counts, workspace, bidx, gdim,
+                                k_tiles, total):
+        """The producer warpgroup with A_TOKEN_ROWS (wide tiles): at each unit every thread looks up the tokens of its
+        rows (thread t: rows t // 8 + 16 i of the token tile, valid rows only) into s_tokens (SMEM: up to 18 rows per
+        thread do not fit the producer's 40 registers beside the copy loop; each thread reads back only the entries it
+        wrote, so no barrier is needed); per stage all four warps wait for the
+        stage to be empty, copy chunk t % 8 (16 bytes) of each of their rows' 64-column slices by cp.async into the
+        swizzled stage and arrive on its full barrier when those copies landed (.noinc); warp 0 also sets the weight
+        tile's transaction bytes and loads it by TMA. Rows past the unit's valid rows are not copied: their products
+        land in columns the epilogue never stores. DYNAMIC: warp 0's lane 0 fetches and publishes each unit, and all
+        four warps read it back from the scheduler slot."""
+        row_stride = mT.layout.stride[0]
+        base = mT.iterator.toint()
+        thread_layout = cute.make_layout((16, 8), stride=(8, 1))
+        tiled_copy = cute.make_tiled_copy_tv(cp_atom, thread_layout, cute.make_layout((1, CP_ASYNC_CHUNK)))
+        tTsT = tiled_copy.get_slice(tidx).partition_D(sT)  # (CPY, tile_m / 16, tile_k / 64, stages)
+        rows_per_thread = self.tile_m // 16
+        slices = self.tile_k // 64
+        row_in_tile = tidx // 8
+        col0 = (tidx % 8) * CP_ASYNC_CHUNK
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.sched_stages)
+        sched_read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.sched_stages)
+        dynamic = self.scheduler == SCHED_DYNAMIC
+        unit = bidx
+        if cutlass.const_expr(dynamic):
+            if warp_idx == 0:
+                first = self.fetch_unit(bidx, gdim, bidx, workspace, True, cutlass.Int32(0))
+                self.publish_unit(first, sched, sched_state, slots, cutlass.Int32(0))
+            sched_state.advance()  # (every warp keeps a copy; warp 0's is the one in use)
+            unit = self.read_published_unit(sched, sched_read, slots)
+            sched_read.advance()
+        while unit < total:
+            row0, nb, expert, valid = self.decode_swapped_unit(unit, s_tiles, s_rows, s_counts)
+            next_unit = unit + gdim
+            if cutlass.const_expr(dynamic):
+                if warp_idx == 0:  # ask for the next unit now: the atomic's latency hides behind the loads
+                    next_unit = self.fetch_unit(bidx, gdim, unit, workspace, False, cutlass.Int32(0))
+            for i in cutlass.range_constexpr(rows_per_thread):
+                row = row_in_tile + 16 * i
+                token = cutlass.Int32(-1)
+                if row < valid:
+                    token = a_rows[row0 + row] // rows_per_token
+                s_tokens[row] = token
+            for k in cutlass.range(k_tiles, unroll=1):
+                mainloop.sync_object_empty.wait(state.index, state.phase)
+                if warp_idx == 0:
+                    bar = mainloop.producer_get_barrier(state)
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(bar, self.w_bytes)
+                    cute.copy(tma_atom_w, tWgW[(None, nb, k, expert)], tWsW[(None, state.index)], tma_bar_ptr=bar)
+                for i in cutlass.range_constexpr(rows_per_thread):
+                    token = s_tokens[row_in_tile + 16 * i]
+                    if token >= 0:
+                        row_base = cutlass.Int64(token) * row_stride + k * self.tile_k + col0
+                        for j in cutlass.range_constexpr(slices):
+                            dst = tTsT[(None, i, j, state.index)]
+                            src_ptr = cute.make_ptr(
+                                self.ab_dtype, base + (row_base + j * 64) * (self.ab_dtype.width // 8),
+                                cute.AddressSpace.gmem, assumed_align=16,
+                            )
+                            cute.copy(cp_atom, cute.make_tensor(src_ptr, cute.make_layout(dst.shape)), dst)
+                cute.arch.cp_async_mbarrier_arrive_noinc(mainloop.producer_get_barrier(state))
+                state.advance()
+            if cutlass.const_expr(dynamic):
+                if warp_idx == 0:
+                    self.publish_unit(next_unit, sched, sched_state, slots, cutlass.Int32(0))
+                sched_state.advance()
+                unit = self.read_published_unit(sched, sched_read, slots)
+                sched_read.advance()
+            else:
+                unit = next_unit
+        if warp_idx == 0:
+            self.finish_dynamic(workspace, gdim, cutlass.Int32(0))
+            mainloop.producer_tail(state)
 
     def token_parts(self, n_rows: int):
         """(first token row, rows) of each wgmma of a unit of n_rows rows: one, or for a tile above WGMMA_MAX_N rows

@@ -142,7 +142,7 @@ class EpilogueStore(enum.Enum):
 
 
 class ASource(enum.Enum):
-    """Where the regular (TOKENS_AS_M) kernel reads A from (GEMM1)."""
+    """Where GEMM1's regular (TOKENS_AS_M) or wide WEIGHTS_AS_M kernel reads the token rows from."""
 
     # the gathered copy [max_rows, K] in padded expert order (router.gather writes it), loaded by TMA
     EXPERT_ORDER_COPY = "copy"
@@ -499,14 +499,20 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     if not isinstance(config.a_source, ASource):
         return False, f"a_source: expected an ASource, got {config.a_source!r}"
     if config.a_source is ASource.TOKEN_ROWS:
-        if swapped or config.work_unit is not WorkUnit.SINGLE or config.consumers is not Consumers.COOPERATIVE:
+        if (swapped and not config.wide) or config.work_unit is not WorkUnit.SINGLE or (
+                config.consumers is not Consumers.COOPERATIVE):
             return False, ("a_source: TOKEN_ROWS runs the regular (TOKENS_AS_M) kernel with SINGLE work units and "
-                           "COOPERATIVE consumers")
+                           "COOPERATIVE consumers, or a wide WEIGHTS_AS_M one")
         if problem.kind is not GemmStage.GEMM1:
             return False, "a_source: TOKEN_ROWS is GEMM1's (GEMM2 reads GEMM1's output, already in expert order)"
         if config.tile_k % 64 or problem.k % config.tile_k:
             return False, (f"a_source: TOKEN_ROWS copies whole 64-column slices: tile_k must be a multiple of 64 "
                            f"dividing k, got tile_k {config.tile_k}, k {problem.k}")
+        if swapped and (config.tile_m != WIDE160_TILE_M or (problem.k // config.tile_k) % resolve_stages(config)):
+            # (the 288-row tile hung on gpt-oss-120b's GEMM1, 45 K tiles on 4 stages; with 4 on 4, all passed)
+            return False, (f"a_source: TOKEN_ROWS on a wide tile is validated for the 160-row tile with K tiles a "
+                           f"multiple of the stage count only, got tile_m {config.tile_m}, {problem.k // config.tile_k} "
+                           f"K tiles on {resolve_stages(config)} stages (results/wide-token-rows-h200-2026-12-03)")
     if not isinstance(config.epilogue_store, EpilogueStore):
         return False, f"epilogue_store: expected an EpilogueStore, got {config.epilogue_store!r}"
     if config.epilogue_store is not EpilogueStore.AFTER_MAINLOOP and (
@@ -828,7 +834,7 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         from .cute_swapped_backend import Sm90SwappedGroupedGemmKernel
 
         kernel = Sm90SwappedGroupedGemmKernel(**common, token_step=config.token_step,
-                                              expert_split=config.expert_split.value)
+                                              expert_split=config.expert_split.value, a_source=config.a_source.value)
     elif config.padding_rows in FUSED_TAIL_PARTS:
         from .cute_fused_tail_backend import Sm90FusedTailGroupedGemmKernel
 
@@ -1076,16 +1082,18 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
         configs += [default_config(problem, Scheduler.STATIC), default_config(problem, work_unit=WorkUnit.PAIR)]
         configs += [cfg for cfg in (wide_config(problem),) if cfg is not None]  # whatever the policy says
         configs.append(regular_config(problem, rows_per_expert=GROUPED_RASTER_MIN_ROWS))  # ALONG_N regular
-        # GEMM1: every regular kernel also reading the token rows itself (what the layer runs with Gemm1Input.AUTO)
-        configs += [twin for twin in (_token_rows_twin(cfg, problem) for cfg in configs) if twin is not None]
+        # GEMM1: every regular (and 160-row wide) kernel also on the token rows (what Gemm1Input.AUTO runs)
+        configs += [twin for twin in (token_rows_twin(cfg, problem) for cfg in configs) if twin is not None]
         for cfg in configs:
             if (cfg, problem) not in out:
                 out.append((cfg, problem))
     return out
 
 
-def _token_rows_twin(config: Sm90GemmConfig, problem: Sm90Problem) -> Sm90GemmConfig | None:
-    if config.operands is not Operands.TOKENS_AS_M:
+@_memoized
+def token_rows_twin(config: Sm90GemmConfig, problem: Sm90Problem) -> Sm90GemmConfig | None:
+    """`config` reading the token rows itself (ASource.TOKEN_ROWS), or None where it cannot (decode tiles, GEMM2)."""
+    if config.operands is not Operands.TOKENS_AS_M and not config.wide:
         return None
     twin = dataclasses.replace(config, a_source=ASource.TOKEN_ROWS)
     return twin if can_implement(twin, problem)[0] else None

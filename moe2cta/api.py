@@ -616,14 +616,16 @@ def _sm90_tuned_configs(module, problems, tuned, rows_per_expert):
 
 def _token_rows_config(module, problem, tuned, rows_per_expert):
     """sm90 GEMM1 reading the token rows (ASource.TOKEN_ROWS), or None: the default configuration with its A read
-    from the token rows when it is the regular kernel and can (SINGLE units, COOPERATIVE consumers, tile_k a
-    multiple of 64 dividing H). A tuned configuration (`moe2cta tune` times candidates on the gathered copy, and
-    its bundles hold those kernels only) keeps the gathered copy: None."""
+    from the token rows when it is the regular kernel (SINGLE units, COOPERATIVE consumers, tile_k a multiple of 64
+    dividing H) or a wide tile (160 / 288 token rows: the default at 96-256 rows per expert), not a decode tile. A
+    tuned configuration (`moe2cta tune` times candidates on the gathered copy, and its bundles hold those kernels
+    only) keeps the gathered copy: None."""
     if tuned is not None:
         return None
-    if module.default_config(problem, rows_per_expert=rows_per_expert).operands is not module.Operands.TOKENS_AS_M:
-        return None
-    return module.token_rows_config(problem, rows_per_expert)  # (both memoized: nothing built per forward)
+    default = module.default_config(problem, rows_per_expert=rows_per_expert)  # (memoized: nothing built per forward)
+    if default.operands is module.Operands.TOKENS_AS_M:
+        return module.token_rows_config(problem, rows_per_expert)
+    return module.token_rows_twin(default, problem)
 
 
 _FORWARD = {Backend.TORCH: _forward_torch, Backend.TRITON: _forward_triton, Backend.CUTE: _forward_cute}
@@ -649,8 +651,8 @@ class MoELayer:
     experts over 128 MB; measured on an H200); an int n: every batch of 1..n tokens; 0: never. Where AUTO splits
     (sm_90), it also sets the largest TRITON batch: n tokens, or by default one below the token GEMVs' own limit.
     gemm1_input (Gemm1Input, CUTE batches): TOKEN_ROWS lets the sm_90 GEMM1 read the token rows itself where its
-    regular kernel runs (no gather launch), GATHERED_COPY always gathers the rows into expert order first, AUTO
-    takes TOKEN_ROWS where it was measured faster.
+    regular or wide kernel runs (no gather launch), GATHERED_COPY always gathers the rows into expert order first,
+    AUTO takes TOKEN_ROWS where it was measured faster.
     `plan` says which backend runs a batch (`backend_for(num_tokens)`); `backend` is the one of decode-sized
     batches and `prefill_backend` that of larger ones (the same unless AUTO split them); `backend_reason` says
     why (the AUTO fallbacks, each with its reason).

@@ -249,6 +249,12 @@ def check_variants():
         ("g2_rowscale_sides_pair_many", Cfg(tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1, scheduler=SIDES),
          p2),
         ("g1_swiglu_sides", dataclasses.replace(dyn, scheduler=SIDES), p1),
+        # the layer's 160-row EVEN wide tile reading the token rows itself (cp.async of each unit's valid rows by the
+        # producer warpgroup; the only wide tile can_implement takes on the token rows)
+        ("g1_swiglu_wide160_even_token_rows_n256", dataclasses.replace(wide(160, 256, split=EVEN), a_source=TOKEN_ROWS),
+         p1_n512),
+        ("g1_swiglu_wide160_even_token_rows_n256_decode", dataclasses.replace(wide(160, 256, split=EVEN),
+                                                                              a_source=TOKEN_ROWS), p1_n512),
         # PaddingRows.FUSE_TAIL (cute_fused_tail_backend.py): an expert's last m-block of <= 64 valid rows rides on
         # the m-block before it (192-row units); STATIC and DYNAMIC, every raster, a partial n-block (tail columns
         # past N), 48-column tail output tiles (tile_n 192, gated), fp16, and tiles that never fuse ("_decode")

@@ -105,6 +105,10 @@ def variant_configs(problem, rows_per_expert: float | None = None) -> dict:
         # GEMM1 reading the token rows itself (ASource.TOKEN_ROWS, what the layer runs at prefill), GEMM2 as the
         # regular default
         "token_rows": token_rows if problem.kind is s90.GemmStage.GEMM1 else regular_cfg,
+        # the default GEMM1 (a wide tile at 96-256 rows per expert) reading the token rows itself, GEMM2 the default
+        # (None where the default is a decode tile)
+        "token_rows_default": s90.token_rows_twin(default, problem) if problem.kind is s90.GemmStage.GEMM1
+        else default,
         # the regular (TOKENS_AS_M) kernel the layer would run for this many rows without the wide one
         "regular": regular_cfg,
         # the same raster and padding rows scheduled STATIC (consecutive units, which share a weight tile in the

@@ -587,8 +587,10 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                 for name, cfg in variants.items():
                     if cfg is None:  # a wide tile of 256 weight rows where N is no multiple of 256 (gpt-oss), or
                         # a 128-wide regular tile where N is no multiple of 128, or split tails whose output slices
-                        # would be narrower than 16 columns (gpt-oss GEMM1: 96-column output tiles)
+                        # would be narrower than 16 columns (gpt-oss GEMM1: 96-column output tiles), or a default GEMM1
+                        # that cannot read the token rows (a wide tile other than the 160-row one)
                         assert (name.startswith("wide128_n256") and problem.n % 256) or (
+                            name == "token_rows_default" and variants["default"].wide) or (
                             name == "tile_n128" and problem.n % 128) or (
                             name == "tile_n256_tail" and problem.n % 256 == 0) or (
                             name == "split_tail" and problem.kind is s90.GemmStage.GEMM1
@@ -642,6 +644,12 @@ def test_prefill_bench_variants_are_implementable_and_distinct():
                 if problem.kind is s90.GemmStage.GEMM1:
                     assert variants["activation_under"] == dataclasses.replace(
                         variants["regular"], epilogue_store=s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP)
+                # the default GEMM1 on the token rows (the token_rows variant where the default is the regular kernel;
+                # GEMM2: the default)
+                assert variants["token_rows_default"] == (s90.token_rows_twin(variants["default"], problem)
+                                                          if problem.kind is s90.GemmStage.GEMM1 else variants["default"])
+                if any(variants["token_rows_default"] == variants[other] for other in ("token_rows", "default")):
+                    aliases += ("token_rows_default",)
                 stems = [s90.kernel_key(c, problem).file_stem() for n, c in variants.items()
                          if n not in aliases and c is not None]
                 assert len(set(stems)) == len(stems), (preset.name, problem.kind)

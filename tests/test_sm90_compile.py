@@ -846,10 +846,25 @@ def test_token_rows_limits_and_key():
         ok, why = s90.can_implement(config, problem)
         assert not ok and why.startswith("a_source") and needle in why, why
     assert s90.token_rows_config(s90.Sm90Problem(G1, 1536, 2056, 128, torch.bfloat16, Activation.SWIGLU)) is None
-    for preset in PRESETS.values():  # every preset bundle holds the token-row twin of each regular SINGLE GEMM1
+    # the 160-row wide tile reads the token rows too (its own producer) where K tiles are a multiple of the stage count;
+    # the other wide tiles and the decode tiles do not (the 288-row tile hung on gpt-oss-120b's GEMM1, 45 K tiles on 4)
+    wide = s90.default_config(p1, rows_per_expert=128.0)
+    assert wide.wide and s90.token_rows_twin(wide, p1) == dataclasses.replace(wide, a_source=s90.ASource.TOKEN_ROWS)
+    assert s90.can_implement(s90.token_rows_twin(wide, p1), p1) == (True, "")
+    assert s90.token_rows_twin(s90.default_config(p1, rows_per_expert=8.0), p1) is None
+    assert s90.token_rows_twin(wide, s90.Sm90Problem(G2, 2048, 768, 128)) is None
+    wide288 = s90.default_config(p1, rows_per_expert=256.0)
+    assert wide288.tile_m == 288 and s90.token_rows_twin(wide288, p1) is None
+    p_k2880 = s90.Sm90Problem(G1, 512, 2880, 128, torch.bfloat16, Activation.SWIGLU)
+    for config, problem in ((dataclasses.replace(wide288, a_source=s90.ASource.TOKEN_ROWS), p1),
+                            (dataclasses.replace(wide, a_source=s90.ASource.TOKEN_ROWS), p_k2880)):
+        ok, why = s90.can_implement(config, problem)
+        assert not ok and why.startswith("a_source") and "stage count" in why, why
+    for preset in PRESETS.values():  # every preset bundle holds the token-row twin of each regular SINGLE / wide GEMM1
         configs = s90.preset_configs(preset)
         for cfg, problem in configs:
-            if problem.kind is G1 and cfg.operands is s90.Operands.TOKENS_AS_M and cfg.work_unit is WorkUnit.SINGLE:
+            if problem.kind is G1 and cfg.work_unit is WorkUnit.SINGLE and (
+                    cfg.operands is s90.Operands.TOKENS_AS_M or s90.token_rows_twin(cfg, problem) is not None):
                 assert (dataclasses.replace(cfg, a_source=s90.ASource.TOKEN_ROWS), problem) in configs, (preset.name, cfg)
     # the layer's AUTO choice: narrow GEMM1s (I <= 1024), as measured
     pays = {name for name, preset in PRESETS.items() if s90.token_rows_pays(
@@ -872,6 +887,16 @@ TOKEN_ROWS = [  # (name, config, problem): GEMM1 reading the token rows itself
      s90.Sm90Problem(G1, 512, 256, 4, torch.bfloat16, Activation.SWIGLU_OAI, True)),
     ("token_rows_m64_gelu", s90.Sm90GemmConfig(tile_m=64, tile_n=128, a_source=s90.ASource.TOKEN_ROWS),
      s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.GELU_GATED)),
+    # the 160-row wide tile (WEIGHTS_AS_M): the layer's EVEN one, and DYNAMIC with a bias
+    ("token_rows_wide160_even_swiglu",
+     s90.Sm90GemmConfig(tile_m=160, tile_n=256, operands=s90.Operands.WEIGHTS_AS_M, scheduler=s90.Scheduler.STATIC,
+                        raster=s90.Raster.ALONG_N, token_step=32, expert_split=s90.ExpertSplit.EVEN,
+                        a_source=s90.ASource.TOKEN_ROWS),
+     s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)),
+    ("token_rows_wide160_oai_bias_dynamic",
+     s90.Sm90GemmConfig(tile_m=160, tile_n=256, operands=s90.Operands.WEIGHTS_AS_M, scheduler=s90.Scheduler.DYNAMIC,
+                        raster=s90.Raster.ALONG_N, token_step=32, a_source=s90.ASource.TOKEN_ROWS),
+     s90.Sm90Problem(G1, 512, 256, 8, torch.bfloat16, Activation.SWIGLU_OAI, True)),
 ]
 
 
@@ -896,7 +921,8 @@ def _check_token_rows_ptx(ptx: str, config):
     assert "cp.async.mbarrier.arrive.noinc.shared" in ptx
     assert "cp.async.bulk.tensor.2d.shared::cta.global" not in ptx  # no TMA load of A
     assert "cp.async.bulk.tensor.3d.shared::cta.global" in ptx  # the weight tile
-    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx  # the epilogue's TMA store
+    # the epilogue's TMA store (the wide tiles store 16-byte rows of their valid tokens from SMEM instead)
+    assert ("cp.async.bulk.tensor.2d.global.shared::cta" in ptx) == (not config.wide)
     # (a word boundary: "cp.async.cg.shared.global" holds "red.global")
     assert bool(re.search(r"\b(atom|red)\.global", ptx)) == (config.scheduler is s90.Scheduler.DYNAMIC)
 
