@@ -42,7 +42,7 @@ Warp roles (128 threads per warpgroup; decode: 256 threads, wide: 384, or 256 fo
 - warpgroup 0, warp 0: TMA producer (per unit: the K tiles of the token tile and of the weight tile into
   the next free stage); DYNAMIC: fetches units from the global counter as in cute_backend.py.
   A_TOKEN_ROWS: all four warps produce. At each unit every thread looks up the tokens of its rows (thread t: rows
-  t // 8 + 16 i, valid rows only) into SMEM; per stage it copies 16-byte chunk t % 8 of each of those rows'
+  t // 8 + 16 i, valid rows only) into SMEM (one lane per row writes, between warp barriers); per stage it copies 16-byte chunk t % 8 of each of those rows'
   64-column slices by cp.async into the swizzled stage and arrives on the stage's full barrier when they landed
   (.noinc); warp 0 also loads the weight tile by TMA with its transaction bytes. Rows past the unit's valid rows
   are not copied (their products land in columns never stored).
@@ -459,9 +459,10 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                                 tWgW, tWsW, mainloop, sched, slots, s_tiles, s_rows, s_counts, workspace, bidx, gdim,
                                 k_tiles, total):
         """The producer warpgroup with A_TOKEN_ROWS (wide tiles): at each unit every thread looks up the tokens of its
-        rows (thread t: rows t // 8 + 16 i of the token tile, valid rows only) into s_tokens (SMEM: up to 18 rows per
-        thread do not fit the producer's 40 registers beside the copy loop; each thread reads back only the entries it
-        wrote, so no barrier is needed); per stage all four warps wait for the
+        rows (thread t: rows t // 8 + 16 i of the token tile, valid rows only) into s_tokens[row] (SMEM: up to 18 rows
+        per thread do not fit the producer's 40 registers beside the copy loop). A row's 8 threads are lanes of one
+        warp: the first writes, and a warp barrier before and after the writes orders them against the other lanes'
+        reads (without it racecheck warned of intra-warp hazards); per stage all four warps wait for the
         stage to be empty, copy chunk t % 8 (16 bytes) of each of their rows' 64-column slices by cp.async into the
         swizzled stage and arrive on its full barrier when those copies landed (.noinc); warp 0 also sets the weight
         tile's transaction bytes and loads it by TMA. Rows past the unit's valid rows are not copied: their products
@@ -494,12 +495,15 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             if cutlass.const_expr(dynamic):
                 if warp_idx == 0:  # ask for the next unit now: the atomic's latency hides behind the loads
                     next_unit = self.fetch_unit(bidx, gdim, unit, workspace, False, cutlass.Int32(0))
-            for i in cutlass.range_constexpr(rows_per_thread):
-                row = row_in_tile + 16 * i
-                token = cutlass.Int32(-1)
-                if row < valid:
-                    token = a_rows[row0 + row] // rows_per_token
-                s_tokens[row] = token
+            cute.arch.sync_warp()  # every lane has read the last unit's tokens
+            if tidx % 8 == 0:
+                for i in cutlass.range_constexpr(rows_per_thread):
+                    row = row_in_tile + 16 * i
+                    token = cutlass.Int32(-1)
+                    if row < valid:
+                        token = a_rows[row0 + row] // rows_per_token
+                    s_tokens[row] = token
+            cute.arch.sync_warp()  # ... and sees this unit's
             for k in cutlass.range(k_tiles, unroll=1):
                 mainloop.sync_object_empty.wait(state.index, state.phase)
                 if warp_idx == 0:

@@ -923,6 +923,8 @@ def _check_token_rows_ptx(ptx: str, config):
     assert "cp.async.bulk.tensor.3d.shared::cta.global" in ptx  # the weight tile
     # the epilogue's TMA store (the wide tiles store 16-byte rows of their valid tokens from SMEM instead)
     assert ("cp.async.bulk.tensor.2d.global.shared::cta" in ptx) == (not config.wide)
+    if config.wide:  # a row's token, written by one lane into SMEM, between two warp barriers
+        assert ptx.count("bar.warp.sync") >= 2
     # (a word boundary: "cp.async.cg.shared.global" holds "red.global")
     assert bool(re.search(r"\b(atom|red)\.global", ptx)) == (config.scheduler is s90.Scheduler.DYNAMIC)
 
