@@ -127,44 +127,11 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         self.epi_elems = self.epi_rows * self.epi_pitch if self.wide else 8
 
     # ------------------------------------------------------------------ host side (trace time)
+    # (the entry points, __call__ for A_COPY and call_token_rows for A_TOKEN_ROWS, are the base class's: both call
+    # launch; pair_threshold is unused here, kept so that every sm90 kernel has one signature)
     @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,  # [M, K]
-        b: cute.Tensor,  # [E, N, K]
-        c: cute.Tensor,  # [M, N_out]
-        row_offsets: cute.Tensor,  # [E+1] int32
-        counts: cute.Tensor,  # [E] int32
-        bias: cute.Tensor,  # [E, N] fp32 (packed like b for gated epilogues); unused unless has_bias
-        row_scale: cute.Tensor,  # [M] fp32; unused unless has_row_scale
-        workspace: cute.Tensor,  # [4] int32: dynamic scheduler counter, done count
-        pair_threshold: cutlass.Int32,  # unused (no pairs); kept so every sm90 kernel has one signature
-        stream,
-    ):
-        """A_COPY: the token tiles come by TMA from the gathered copy in padded expert order."""
-        self.launch(a, row_offsets, cutlass.Int32(1), b, c, row_offsets, counts, bias, row_scale, workspace, stream)
-
-    @cute.jit
-    def call_token_rows(
-        self,
-        a: cute.Tensor,  # [T, K]: the token rows
-        a_rows: cute.Tensor,  # [M] int32: padded row -> slot t * rows_per_token + j (-1: padding, never read)
-        b: cute.Tensor,
-        c: cute.Tensor,  # [M, N_out]
-        row_offsets: cute.Tensor,
-        counts: cute.Tensor,
-        bias: cute.Tensor,
-        row_scale: cute.Tensor,
-        workspace: cute.Tensor,
-        pair_threshold: cutlass.Int32,
-        rows_per_token: cutlass.Int32,  # top-k: slot // rows_per_token is the token
-        stream,
-    ):
-        """A_TOKEN_ROWS (wide GEMM1): the producer warpgroup copies each unit's token rows itself (no gathered copy)."""
-        self.launch(a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, stream)
-
-    @cute.jit
-    def launch(self, a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, stream):
+    def launch(self, a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, pair_threshold,
+               stream):
         """Trace-time set-up (MMA atom, SMEM layouts, copy atoms, shared storage) and the launch."""
         self.ab_dtype = a.element_type
         self.c_dtype = c.element_type
