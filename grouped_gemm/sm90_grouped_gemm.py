@@ -966,9 +966,8 @@ TOKEN_ROWS_MAX_INTERMEDIATE = 1024
 
 
 def token_rows_pays(problem: Sm90Problem, rows_per_expert: float | None = None) -> bool:
-    """Whether reading the token rows (ASource.TOKEN_ROWS) was measured to beat gather + GEMM1 for this GEMM1: an
-    intermediate size of at most TOKEN_ROWS_MAX_INTERMEDIATE, at any rows per expert where the regular kernel runs
-    (rows_per_expert is kept for a finer rule)."""
+    """Whether the token rows (ASource.TOKEN_ROWS) measured faster than gather + GEMM1: I <= TOKEN_ROWS_MAX_INTERMEDIATE,
+    on the regular kernel and the 160-row wide tile at any rows per expert (kept for a finer rule)."""
     del rows_per_expert
     return problem.kind is GemmStage.GEMM1 and problem.out_n <= TOKEN_ROWS_MAX_INTERMEDIATE
 
@@ -1093,6 +1092,8 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
 @_memoized
 def token_rows_twin(config: Sm90GemmConfig, problem: Sm90Problem) -> Sm90GemmConfig | None:
     """`config` reading the token rows itself (ASource.TOKEN_ROWS), or None where it cannot (decode tiles, GEMM2)."""
+    if not isinstance(config, Sm90GemmConfig) or not isinstance(problem, Sm90Problem):
+        raise TypeError(f"config, problem: expected an Sm90GemmConfig and an Sm90Problem, got {config!r}, {problem!r}")
     if config.operands is not Operands.TOKENS_AS_M and not config.wide:
         return None
     twin = dataclasses.replace(config, a_source=ASource.TOKEN_ROWS)

@@ -853,6 +853,8 @@ def test_token_rows_limits_and_key():
     assert s90.can_implement(s90.token_rows_twin(wide, p1), p1) == (True, "")
     assert s90.token_rows_twin(s90.default_config(p1, rows_per_expert=8.0), p1) is None
     assert s90.token_rows_twin(wide, s90.Sm90Problem(G2, 2048, 768, 128)) is None
+    with pytest.raises(TypeError, match="config, problem"):
+        s90.token_rows_twin("wide160", p1)
     wide288 = s90.default_config(p1, rows_per_expert=256.0)
     assert wide288.tile_m == 288 and s90.token_rows_twin(wide288, p1) is None
     p_k2880 = s90.Sm90Problem(G1, 512, 2880, 128, torch.bfloat16, Activation.SWIGLU)
