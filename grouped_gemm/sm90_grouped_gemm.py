@@ -508,11 +508,6 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         if config.tile_k % 64 or problem.k % config.tile_k:
             return False, (f"a_source: TOKEN_ROWS copies whole 64-column slices: tile_k must be a multiple of 64 "
                            f"dividing k, got tile_k {config.tile_k}, k {problem.k}")
-        if swapped and (config.tile_m != WIDE160_TILE_M or (problem.k // config.tile_k) % resolve_stages(config)):
-            # (the 288-row tile hung on gpt-oss-120b's GEMM1, 45 K tiles on 4 stages; with 4 on 4, all passed)
-            return False, (f"a_source: TOKEN_ROWS on a wide tile is validated for the 160-row tile with K tiles a "
-                           f"multiple of the stage count only, got tile_m {config.tile_m}, {problem.k // config.tile_k} "
-                           f"K tiles on {resolve_stages(config)} stages (results/wide-token-rows-h200-2026-12-03)")
     if not isinstance(config.epilogue_store, EpilogueStore):
         return False, f"epilogue_store: expected an EpilogueStore, got {config.epilogue_store!r}"
     if config.epilogue_store is not EpilogueStore.AFTER_MAINLOOP and (
@@ -961,15 +956,22 @@ def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, direc
 # up to 17% at high MMA rates, and it saves the gather launch, whose share of the layer grows as GEMM1 narrows
 # (the gather moves T * k * H, GEMM1 2 * T * k * H * 2I). Layer, token rows against gathered copy, T = 2048 / 8192 /
 # 32768: qwen3-30b-a3b (I 768) -6% / -5% / -12%; qwen3-235b-a22b (I 1536) +1% / +11% / +1%, deepseek-v3 (2048)
-# -2% / +2% / +3%, gpt-oss-120b (2880) -1% / +11% / +9%, mixtral-8x7b (14336) +5% / +5% / +6%.
+# -2% / +2% / +3%, gpt-oss-120b (2880) -1% / +11% / +9%, mixtral-8x7b (14336) +5% / +5% / +6%. Of the wide tiles,
+# the 160-row one pays (qwen3-30b T=2048: 0.973, results/wide-token-rows-h200-2026-12-03); the 288-row one does not
+# (qwen3-30b T=3072 / 4096: the layer 1.25x the gathered copy's time, results/stop40-h200-2026-12-03).
 TOKEN_ROWS_MAX_INTERMEDIATE = 1024
 
 
 def token_rows_pays(problem: Sm90Problem, rows_per_expert: float | None = None) -> bool:
     """Whether the token rows (ASource.TOKEN_ROWS) measured faster than gather + GEMM1: I <= TOKEN_ROWS_MAX_INTERMEDIATE,
-    on the regular kernel and the 160-row wide tile at any rows per expert (kept for a finer rule)."""
-    del rows_per_expert
-    return problem.kind is GemmStage.GEMM1 and problem.out_n <= TOKEN_ROWS_MAX_INTERMEDIATE
+    where GEMM1's default for `rows_per_expert` (None: the regular kernel's) is the regular kernel or the 160-row wide
+    tile; the other wide tiles were measured slower on the token rows or not at all."""
+    if problem.kind is not GemmStage.GEMM1 or problem.out_n > TOKEN_ROWS_MAX_INTERMEDIATE:
+        return False
+    if rows_per_expert is None:
+        return True
+    default = default_config(problem, rows_per_expert=rows_per_expert)  # (memoized)
+    return not default.wide or default.tile_m == WIDE160_TILE_M
 
 
 @_memoized

@@ -79,7 +79,8 @@ class Gemm1Input(enum.Enum):
     kernel family takes it). TOKEN_ROWS: on sm_90, where GEMM1 runs the regular (128-row tile) kernel or a wide
     (160 / 256 / 288 token-row) tile and the router weight is on the output, GEMM1 reads the token rows itself
     (cp.async, following the dispatch's sorted_slots: no gather launch); elsewhere (the decode tiles) GATHERED_COPY. AUTO: TOKEN_ROWS where it was measured faster
-    (grouped_gemm.sm90_grouped_gemm.token_rows_pays: GEMM1s of intermediate size <= 1024), else GATHERED_COPY. The choice changes no result bit: the same rows are multiplied either way.
+    (grouped_gemm.sm90_grouped_gemm.token_rows_pays: GEMM1s of intermediate size <= 1024 on the regular kernel or the
+    160-row wide tile), else GATHERED_COPY. The choice changes no result bit: the same rows are multiplied either way.
     """
 
     AUTO = "auto"

@@ -69,6 +69,8 @@ def check_variants():
     p1_fp16 = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, torch.float16, Activation.SWIGLU)
     p1_oai = Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, bf, Activation.SWIGLU_OAI, has_bias=True)
     p1_n512 = Problem(G1, 512, CHECK_H, CHECK_E, bf, Activation.SWIGLU)  # 2I a multiple of 256 weight rows
+    p1_n512_k320 = Problem(G1, 512, 320, CHECK_E, bf, Activation.SWIGLU)  # 5 K tiles of 64 on 4 stages
+    p1_oai_k320 = Problem(G1, 2 * CHECK_I, 320, CHECK_E, bf, Activation.SWIGLU_OAI, has_bias=True)
     p1_oai_n512 = Problem(G1, 512, CHECK_H, CHECK_E, bf, Activation.SWIGLU_OAI, has_bias=True)
     p2 = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, False, True)
     p2_bias = Problem(G2, CHECK_H, CHECK_I, CHECK_E, bf, None, True, True)
@@ -249,12 +251,17 @@ def check_variants():
         ("g2_rowscale_sides_pair_many", Cfg(tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1, scheduler=SIDES),
          p2),
         ("g1_swiglu_sides", dataclasses.replace(dyn, scheduler=SIDES), p1),
-        # the layer's 160-row EVEN wide tile reading the token rows itself (cp.async of each unit's valid rows by the
-        # producer warpgroup; the only wide tile can_implement takes on the token rows)
+        # the wide tiles reading the token rows themselves (cp.async of each unit's valid rows by the producer
+        # warpgroup): the layer's 160-row EVEN tile, and at K = 320 (5 K tiles on 4 stages, so units start at every
+        # stage) the 160- and 288-row tiles STATIC with many units per CTA (stop 39's hang needed both)
         ("g1_swiglu_wide160_even_token_rows_n256", dataclasses.replace(wide(160, 256, split=EVEN), a_source=TOKEN_ROWS),
          p1_n512),
         ("g1_swiglu_wide160_even_token_rows_n256_decode", dataclasses.replace(wide(160, 256, split=EVEN),
                                                                               a_source=TOKEN_ROWS), p1_n512),
+        ("g1_swiglu_wide160_even_token_rows_n256_k320_many", dataclasses.replace(wide(160, 256, split=EVEN),
+                                                                                 a_source=TOKEN_ROWS), p1_n512_k320),
+        ("g1_oai_bias_wide288_even_token_rows_k320_many", dataclasses.replace(wide(288, 128, split=EVEN),
+                                                                              a_source=TOKEN_ROWS), p1_oai_k320),
         # PaddingRows.FUSE_TAIL (cute_fused_tail_backend.py): an expert's last m-block of <= 64 valid rows rides on
         # the m-block before it (192-row units); STATIC and DYNAMIC, every raster, a partial n-block (tail columns
         # past N), 48-column tail output tiles (tile_n 192, gated), fp16, and tiles that never fuse ("_decode")

@@ -572,10 +572,9 @@ def _within_2x_of_bf16_torch(out, layer, args, routing, activation) -> bool:
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 def test_gpu_cute_gemm1_on_token_rows_matches_the_gathered_copy(num_tokens, bias):
     """sm_90, Gemm1Input.TOKEN_ROWS: GEMM1 reads the token rows itself, with no gather launch, on the regular kernel
-    (1200 / 4096 tokens: 300 / 1024 rows per expert) and on the 160-row wide tile (512 tokens: 128 rows per expert;
-    it copies only its units' valid rows); the output is bit-identical to GATHERED_COPY's and AUTO's (the same rows
-    are multiplied) and matches fp64. At 300 and 1024 tokens (the 256- and 288-row wide tiles, which can_implement
-    refuses on the token rows) every choice gathers."""
+    (1200 / 4096 tokens: 300 / 1024 rows per expert) and on the wide tiles (300 / 512 / 1024 tokens: 75 / 128 / 256
+    rows per expert; they copy only their units' valid rows); the output is bit-identical to GATHERED_COPY's and
+    AUTO's (the same rows are multiplied) and matches fp64."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("ASource.TOKEN_ROWS is the sm_90 kernel's")
     layer, routing, activation, args = _sm90_cute_case(num_tokens, 128, 23, bias)
@@ -584,8 +583,7 @@ def test_gpu_cute_gemm1_on_token_rows_matches_the_gathered_copy(num_tokens, bias
               for source in ("token_rows", "gathered_copy", "auto")]
     prepared = layers[0].prepared
     engaged = moe2cta.api._token_rows_config(prepared["module"], prepared["problems"][0], None, num_tokens * 4 / 16)
-    assert (engaged is not None) == (num_tokens in (512, 1200, 4096))
-    assert engaged is None or engaged.wide == (num_tokens == 512)
+    assert engaged is not None and engaged.wide == (num_tokens in (300, 512, 1024))
     out, out_copy, out_auto = (moe(layer["hidden"], layer["logits"]) for moe in layers)
     assert torch.equal(out, out_copy) and torch.equal(out, out_auto)
     assert _within_2x_of_bf16_torch(out, layer, args, routing, activation)
