@@ -966,6 +966,8 @@ def token_rows_pays(problem: Sm90Problem, rows_per_expert: float | None = None) 
     """Whether the token rows (ASource.TOKEN_ROWS) measured faster than gather + GEMM1: I <= TOKEN_ROWS_MAX_INTERMEDIATE,
     where GEMM1's default for `rows_per_expert` (None: the regular kernel's) is the regular kernel or the 160-row wide
     tile; the other wide tiles were measured slower on the token rows or not at all."""
+    if not isinstance(problem, Sm90Problem):
+        raise TypeError(f"problem: expected an Sm90Problem, got {problem!r}")
     if problem.kind is not GemmStage.GEMM1 or problem.out_n > TOKEN_ROWS_MAX_INTERMEDIATE:
         return False
     if rows_per_expert is None:

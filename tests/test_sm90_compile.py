@@ -878,6 +878,8 @@ def test_token_rows_limits_and_key():
         if tile_m is not None:
             assert s90.default_config(qwen3, rows_per_expert=rows).tile_m == tile_m
         assert s90.token_rows_pays(qwen3, rows) is expected, rows
+    with pytest.raises(TypeError, match="problem"):
+        s90.token_rows_pays("qwen3-30b-a3b", 128.0)
     assert not s90.token_rows_pays(s90.Sm90Problem(G2, 2048, 768, 128), 64)
     with pytest.raises(TypeError, match="a_rows"):
         s90._check_a_rows(torch.zeros(4, dtype=torch.int64), 2)
