@@ -87,6 +87,15 @@ no state outlives a launch or a graph replay; in the kernel, every fetching CTA 
 its last fetch, and the last one to finish zeroes the counter words again (callers that pass one workspace to several
 launches must keep them stream-ordered).
 
+Launch (dependent_launch): LAUNCH_STREAM_ORDER, a plain launch; LAUNCH_PROGRAMMATIC, a programmatic dependent launch
+(sm_90): the CTAs may become resident while the previous kernel of the stream drains (as its CTAs free their SMs),
+build their barriers and prefetch their TMA descriptors, then every thread waits (griddepcontrol.wait: the previous
+kernel completed and its writes are visible) before the first read of any input, and the CTA releases the next
+kernel's launch (griddepcontrol.launch_dependents); LAUNCH_PROGRAMMATIC_WEIGHT_PREFETCH also has the producer warp
+prefetch the first `stages` K tiles of its first unit's weight tile into L2 before the wait (cp.async.bulk.prefetch,
+one elected lane), the unit decoded from SMEM copies of the metadata made before the wait (a guess where a caller's
+previous kernel still writes them: it costs only that prefetch, and the copies are made again after the wait).
+
 Limits: bf16/fp16, K-major A and B, K % 8 == 0 (TMA zero-fills a partial last K tile; A_TOKEN_ROWS: K % tile_k
 == 0, tile_k a multiple of 64, and every a_rows entry below T * rows_per_token), N % 16 == 0 (a partial last
 n-block: TMA zero-fills B's missing rows, the bias index is clamped, the C store clips), row_offsets multiples of
@@ -129,6 +138,10 @@ A_COPY = "copy"  # A is the gathered copy [M, K] in padded expert order, loaded 
 # A is the token matrix [T, K]; row r reads token a_rows[r] // rows_per_token (padding: r % T) by cp.async
 A_TOKEN_ROWS = "token_rows"
 CP_ASYNC_CHUNK = 8  # elements per 16-byte cp.async (bf16 / fp16)
+# dependent_launch values (sm90_grouped_gemm.DependentLaunch)
+LAUNCH_STREAM_ORDER = "stream_order"
+LAUNCH_PROGRAMMATIC = "programmatic"  # griddepcontrol.wait before the first input read, then launch_dependents
+LAUNCH_PROGRAMMATIC_WEIGHT_PREFETCH = "programmatic_weight_prefetch"  # ... and the first weight tiles into L2 before
 
 
 class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
@@ -154,8 +167,11 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         padding_rows: str = PADDING_MULTIPLY,
         a_source: str = A_COPY,
         epilogue_store: str = STORE_AFTER_MAINLOOP,
+        dependent_launch: str = LAUNCH_STREAM_ORDER,
     ):
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
+        self.programmatic = dependent_launch != LAUNCH_STREAM_ORDER
+        self.weight_prefetch = dependent_launch == LAUNCH_PROGRAMMATIC_WEIGHT_PREFETCH
         self.token_rows = a_source == A_TOKEN_ROWS
         self.store_under_next = epilogue_store in (STORE_UNDER_NEXT_MAINLOOP, STORE_ACTIVATION_UNDER_NEXT_MAINLOOP)
         self.pingpong = consumers == CONSUMERS_PINGPONG
@@ -332,6 +348,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             cluster=(self.cluster_m, 1, 1),
             min_blocks_per_mp=1,
             stream=stream,
+            use_pdl=self.programmatic,
         )
 
     def make_shared_storage(self, a_staged, b_staged, epi_staged):
@@ -388,6 +405,23 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             if i < self.num_experts:
                 s_counts[i] = counts[i]
         return s_rows, s_counts
+
+    @cute.jit
+    def await_previous_kernel(self):
+        """DependentLaunch PROGRAMMATIC*: wait until the previous kernel of the stream completed and its writes are
+        visible (griddepcontrol.wait; every thread, before its first read of an input), then release the next
+        kernel's launch (its CTAs take the SMs that this kernel's CTAs leave). A plain launch: nothing."""
+        if cutlass.const_expr(self.programmatic):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def prefetch_weight_tiles(self, tma_atom: cute.CopyAtom, tBgB: cute.Tensor, nb, expert, k_tiles):
+        """Producer warp: the first `stages` K tiles of one weight tile into L2 (cp.async.bulk.prefetch.tensor, the
+        boxes the mainloop's TMA loads will read)."""
+        with cute.arch.elect_one():  # (cute.prefetch is issued by every thread that runs it; cute.copy elects)
+            for k in cutlass.range(cutlass.min(k_tiles, cutlass.Int32(self.stages)), unroll=1):
+                cute.prefetch(tma_atom, tBgB[(None, nb, k, expert)])
 
     @cute.jit
     def expert_of_row(self, row_offsets: cute.Tensor, row: cutlass.Int32) -> cutlass.Int32:
@@ -542,8 +576,6 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
-        s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
-        cute.arch.sync_threads()
 
         # (bM, bK, RestM, RestK), (bN, bK, RestN, RestK, E), (bM, bN_out, RestM, RestN)
         gA = cute.local_tile(mA, (self.tile_m, self.tile_k), (None, None))
@@ -566,6 +598,21 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             cute.group_modes(gB_mc, 0, 2),
         )
         k_tiles = cute.size(gA, mode=[3])
+
+        if cutlass.const_expr(self.weight_prefetch):
+            # before the wait: the first unit's weight tile from the metadata as it reads now (a guess where the
+            # previous kernel still writes it), its first K tiles into L2
+            s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
+            cute.arch.sync_threads()
+            if warp_idx == 0:
+                if cluster_id < self.total_units(s_rows):
+                    _, nb, expert, in_use, _, _ = self.decode_unit(cluster_id, s_rows, s_counts, pair_threshold, rank)
+                    if in_use:
+                        self.prefetch_weight_tiles(tma_atom_b, tBgB, nb, expert, k_tiles)
+            cute.arch.sync_threads()  # (the guess read the SMEM copies that the copy below rewrites)
+        self.await_previous_kernel()
+        s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
+        cute.arch.sync_threads()
 
         wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)
         pipeline_init_wait(cluster_shape_mn=(self.cluster_m, 1))

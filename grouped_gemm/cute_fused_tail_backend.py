@@ -33,7 +33,8 @@ PipelineAsync (DYNAMIC), epilogue PipelineTmaStore per warpgroup: as in cute_bac
 
 Limits: those of cute_backend.py's SINGLE COOPERATIVE kernel with tile_m 128, plus tile_k 32 or 64 (the swizzle
 width: a 64-row box of a K-major tile is then contiguous in its stage) and AFTER_MAINLOOP stores (the accumulators
-leave no registers for a held tile). Three consumer warpgroups of one 64 x 256 accumulator each do not compile: a
+leave no registers for a held tile); dependent_launch STREAM_ORDER or PROGRAMMATIC (the wait of cute_backend.py, no
+weight prefetch). Three consumer warpgroups of one 64 x 256 accumulator each do not compile: a
 512-thread CTA gets 128 registers per thread and one m64n256k16 wgmma needs 154.
 
 Measured on the H200 (results/fuse-tail-h200-2026-12-01/). FUSE_TAIL takes 1.02-1.13x the time of the regular
@@ -133,6 +134,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
             cluster=(1, 1, 1),
             min_blocks_per_mp=1,
             stream=stream,
+            use_pdl=self.programmatic,
         )
 
     # ------------------------------------------------------------------ device helpers
@@ -210,6 +212,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
         sB_slice = storage.sB.get_tensor(b_slice_staged.outer, swizzle=b_slice_staged.inner)
         sC = storage.sC.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
+        self.await_previous_kernel()
         s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
         cute.arch.sync_threads()
 

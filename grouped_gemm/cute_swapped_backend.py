@@ -62,6 +62,9 @@ cute_backend.py (A_TOKEN_ROWS: the four producer warps read every unit too). The
 body on purpose: a pipeline state advanced inside a helper is not carried back through the DSL's loop (the
 v1 hang recorded in docs/perf-notes-sm90.md).
 
+Launch: as cute_backend.py's (dependent_launch): with the weight prefetch the producer warp decodes its first unit
+from SMEM copies of the metadata and the token-tile prefix sum made before the wait, and both are made again after it.
+
 Registers: setmaxnreg moves registers only within the CTA's launch allocation, so the producer warpgroup stays at 40
 beside the consumers' 232 (asking 48 left the consumers' increase waiting forever: measured as a hang).
 
@@ -83,8 +86,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.experimental import primitives as prims
 from cutlass.pipeline import pipeline_init_wait
 
-from .cute_backend import (A_COPY, A_TOKEN_ROWS, CONSUMERS_COOPERATIVE, CP_ASYNC_CHUNK, RASTER_N, SCHED_DYNAMIC,
-                           Sm90GroupedGemmKernel)
+from .cute_backend import (A_COPY, A_TOKEN_ROWS, CONSUMERS_COOPERATIVE, CP_ASYNC_CHUNK, LAUNCH_STREAM_ORDER, RASTER_N,
+                           SCHED_DYNAMIC, Sm90GroupedGemmKernel)
 from .sm90_grouped_gemm import WGMMA_MAX_N, WIDE_EPI_PAD, ExpertSplit, wide_epilogue_rows, wide_token_box
 
 WIDE_MIN_TILE_M = 64  # token tiles above this are "wide": several consumer warpgroups, wgmma N chosen per unit
@@ -96,11 +99,13 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
     consumer warpgroups."""
 
     def __init__(self, *, tile_m, tile_n, tile_k, stages, epilogue, has_bias, has_row_scale, num_experts, scheduler,
-                 raster, num_sms, token_step=0, expert_split=ExpertSplit.FILL.value, a_source=A_COPY):
+                 raster, num_sms, token_step=0, expert_split=ExpertSplit.FILL.value, a_source=A_COPY,
+                 dependent_launch=LAUNCH_STREAM_ORDER):
         super().__init__(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=stages, cluster_m=1, epilogue=epilogue,
             has_bias=has_bias, has_row_scale=has_row_scale, num_experts=num_experts, scheduler=scheduler,
             raster=raster, num_sms=num_sms, consumers=CONSUMERS_COOPERATIVE, a_source=a_source,
+            dependent_launch=dependent_launch,
         )
         self.wide = tile_m > WIDE_MIN_TILE_M
         # wide: two consumer warpgroups (one for 64 weight rows), each 64 or 128 weight rows (1 or 2 wgmma atoms)
@@ -190,7 +195,8 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         self.kernel(
             tma_atom_t, tma_t, a_rows, rows_per_token, tma_atom_w, tma_w, c, row_offsets, counts, bias, row_scale,
             workspace, t_smem_staged, t_box_staged, w_smem_staged, self.tiled_mma,
-        ).launch(grid=(self.num_sms, 1, 1), block=(self.threads, 1, 1), min_blocks_per_mp=1, stream=stream)
+        ).launch(grid=(self.num_sms, 1, 1), block=(self.threads, 1, 1), min_blocks_per_mp=1, stream=stream,
+                 use_pdl=self.programmatic)
 
     # ------------------------------------------------------------------ device helpers
     @cute.jit
@@ -280,11 +286,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         sOut = storage.sOut.get_tensor(cute.make_layout((self.epi_rows, self.epi_pitch), stride=(self.epi_pitch, 1))
                                        if self.wide else cute.make_layout(self.epi_elems))
         slots = storage.sched_slots.get_tensor(cute.make_layout((4, self.sched_stages)))
-        s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
         s_tiles = storage.expert_tiles.get_tensor(cute.make_layout(self.num_experts + 1))
-        if warp_idx == 1:
-            self.scan_token_tiles(counts, s_tiles)
-        cute.arch.sync_threads()
 
         # (box, bK, RestBoxes, RestK) token boxes, (bN, bK, RestN, RestK, E) weight tiles
         gT = cute.local_tile(mT, (self.token_box, self.tile_k), (None, None))
@@ -298,6 +300,24 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
             tma_atom_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2)
         )
         k_tiles = cute.size(gT, mode=[3])
+
+        if cutlass.const_expr(self.weight_prefetch):
+            # before the wait: the first unit's weight tile from the metadata as it reads now (a guess where the
+            # previous kernel still writes it), its first K tiles into L2
+            s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
+            if warp_idx == 1:
+                self.scan_token_tiles(counts, s_tiles)
+            cute.arch.sync_threads()
+            if warp_idx == 0:
+                if bidx < s_tiles[self.num_experts] * self.n_blocks:
+                    _, nb, expert, _ = self.decode_swapped_unit(bidx, s_tiles, s_rows, s_counts)
+                    self.prefetch_weight_tiles(tma_atom_w, tWgW, nb, expert, k_tiles)
+            cute.arch.sync_threads()  # (the guess read the SMEM copies that the copies below rewrite)
+        self.await_previous_kernel()
+        s_rows, s_counts = self.copy_metadata(storage, row_offsets, counts, tidx)
+        if warp_idx == 1:
+            self.scan_token_tiles(counts, s_tiles)
+        cute.arch.sync_threads()
         total = s_tiles[self.num_experts] * self.n_blocks
 
         wg_idx = cute.arch.make_warp_uniform(tidx // self.threads_per_wg)

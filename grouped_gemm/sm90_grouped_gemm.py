@@ -38,6 +38,7 @@ __all__ = [
     "EpilogueStore",
     "ASource",
     "ExpertSplit",
+    "DependentLaunch",
     "Sm90GemmConfig",
     "Sm90Problem",
     "can_implement",
@@ -159,6 +160,23 @@ class ExpertSplit(enum.Enum):
     # the same share per tile, rounded up to the token tile's TMA box (289 rows: 160 + 129): no tile streams the
     # expert's weights for a few rows, and the tiles of one expert take about the same time
     EVEN = "even"
+
+
+class DependentLaunch(enum.Enum):
+    """How a kernel starts against the previous kernel of its stream (CUDA programmatic dependent launch, sm_90)."""
+
+    STREAM_ORDER = "stream_order"  # a plain launch: its CTAs start once the previous kernel has completed
+    # launched with the programmatic-stream-serialization attribute: its CTAs may start while the previous kernel
+    # drains (as SMs free up), set up their barriers and descriptors, then wait (griddepcontrol.wait: that kernel
+    # completed and its writes are visible) before their first read of any input, and release the next kernel's
+    # launch (griddepcontrol.launch_dependents)
+    PROGRAMMATIC = "programmatic"
+    # PROGRAMMATIC, and before the wait the producer warp prefetches the first `stages` K tiles of its first unit's
+    # weight tile into L2 (cp.async.bulk.prefetch.tensor), so the stream of weights starts under the previous
+    # kernel's drain. The unit is read from the dispatch metadata before the wait: where a caller's previous kernel
+    # still writes it, the guess may be wrong and costs only the prefetch (L2 holds the coherent data; the kernel
+    # reads the metadata again after the wait)
+    PROGRAMMATIC_WEIGHT_PREFETCH = "programmatic_weight_prefetch"
 
 
 class Operands(enum.Enum):
@@ -302,6 +320,7 @@ class Sm90GemmConfig:
     expert_split: ExpertSplit = ExpertSplit.FILL  # wide tiles only
     a_source: ASource = ASource.EXPERT_ORDER_COPY
     epilogue_store: EpilogueStore = EpilogueStore.AFTER_MAINLOOP
+    dependent_launch: DependentLaunch = DependentLaunch.STREAM_ORDER
 
     @property
     def wide(self) -> bool:
@@ -516,6 +535,11 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
                        "COOPERATIVE consumers (PINGPONG overlaps by taking alternate units)")
     if config.epilogue_store is EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP and problem.kind is not GemmStage.GEMM1:
         return False, "epilogue_store: ACTIVATION_UNDER_NEXT_MAINLOOP defers GEMM1's gated activation (GEMM2 has none)"
+    if not isinstance(config.dependent_launch, DependentLaunch):
+        return False, f"dependent_launch: expected a DependentLaunch, got {config.dependent_launch!r}"
+    if config.dependent_launch is DependentLaunch.PROGRAMMATIC_WEIGHT_PREFETCH and config.padding_rows in FUSED_TAIL_PARTS:
+        return False, (f"dependent_launch: PROGRAMMATIC_WEIGHT_PREFETCH is implemented for the regular and the swapped "
+                       f"kernels, not {config.padding_rows.name}'s (PROGRAMMATIC is)")
     stages = resolve_stages(config)
     if stages < 2:
         return False, f"stages: only {stages} fit in SMEM for tile {config.tile_m}x{config.tile_n}x{config.tile_k}"
@@ -788,6 +812,8 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         + ((("split", config.expert_split.value),) if config.expert_split is not ExpertSplit.FILL else ())
         + ((("a_source", config.a_source.value),) if config.a_source is not ASource.EXPERT_ORDER_COPY else ())
         + ((("store", config.epilogue_store.value),) if config.epilogue_store is not EpilogueStore.AFTER_MAINLOOP
+           else ())
+        + ((("launch", config.dependent_launch.value),) if config.dependent_launch is not DependentLaunch.STREAM_ORDER
            else ()),
     )
 
@@ -824,6 +850,7 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         scheduler=config.scheduler.value,
         raster=config.raster.value,
         num_sms=ARCH_LIMITS[Arch.SM90].num_sms,
+        dependent_launch=config.dependent_launch.value,
     )
     if config.operands is Operands.WEIGHTS_AS_M:
         from .cute_swapped_backend import Sm90SwappedGroupedGemmKernel
@@ -1142,6 +1169,7 @@ def kernel_from_key(key: KernelKey) -> tuple[Sm90GemmConfig, Sm90Problem]:
             expert_split=ExpertSplit(extra.get("split", ExpertSplit.FILL.value)),
             a_source=ASource(extra.get("a_source", ASource.EXPERT_ORDER_COPY.value)),
             epilogue_store=EpilogueStore(extra.get("store", EpilogueStore.AFTER_MAINLOOP.value)),
+            dependent_launch=DependentLaunch(extra.get("launch", DependentLaunch.STREAM_ORDER.value)),
         )
     except ValueError as exc:
         raise ValueError(f"key: {key.file_stem()}: {exc}") from None
@@ -1191,6 +1219,7 @@ def _config_json(config: Sm90GemmConfig) -> dict:
         "expert_split": config.expert_split.value,
         "a_source": config.a_source.value,
         "epilogue_store": config.epilogue_store.value,
+        "dependent_launch": config.dependent_launch.value,
     }
 
 

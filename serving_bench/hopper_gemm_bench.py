@@ -60,6 +60,7 @@ def check_variants():
     UNDER = s90.EpilogueStore.UNDER_NEXT_MAINLOOP
     ACT = s90.EpilogueStore.ACTIVATION_UNDER_NEXT_MAINLOOP
     EG, DYN, SIDES = s90.Raster.EXPERT_GROUPED_M, s90.Scheduler.DYNAMIC, s90.Scheduler.DYNAMIC_SIDES
+    PDL, PREFETCH = s90.DependentLaunch.PROGRAMMATIC, s90.DependentLaunch.PROGRAMMATIC_WEIGHT_PREFETCH
     pair = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.PAIR, pair_threshold=1)
     single = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, raster=s90.Raster.ALONG_M)
     dyn = Cfg(tile_m=128, tile_n=128, work_unit=WorkUnit.SINGLE, scheduler=s90.Scheduler.DYNAMIC)
@@ -291,6 +292,24 @@ def check_variants():
                                                                    raster_group_m=2, padding_rows=SPLIT), p2),
         ("g1_gelu_split_tail_fp16_k32_3blocks", Cfg(tile_n=128, tile_k=32, padding_rows=SPLIT),
          Problem(G1, 2 * CHECK_I, CHECK_H, CHECK_E, torch.float16, Activation.GELU_GATED)),
+        # DependentLaunch: programmatic dependent launches (griddepcontrol.wait before the first input read), with the
+        # first unit's weight tiles prefetched into L2 before the wait; the decode, wide (token rows too) and regular
+        # kernels, STATIC and DYNAMIC, and the fused-tail kernel (no prefetch there)
+        ("g1_swiglu_swapped16_pdl_prefetch", dataclasses.replace(swapped(16, 128), dependent_launch=PREFETCH), p1),
+        ("g2_rowscale_bias_swapped16_pdl", dataclasses.replace(swapped(16, 256, tile_k=64), dependent_launch=PDL),
+         p2_bias),
+        ("g1_swiglu_wide160_even_token_rows_n256_pdl_prefetch", dataclasses.replace(
+            wide(160, 256, split=EVEN), a_source=TOKEN_ROWS, dependent_launch=PREFETCH), p1_n512),
+        ("g2_rowscale_wide128_pdl_prefetch_many", dataclasses.replace(wide(128, 128), dependent_launch=PREFETCH), p2),
+        ("g1_oai_bias_expert_grouped3_skip_dynamic_pdl_prefetch_many", Cfg(
+            tile_n=128, scheduler=DYN, raster=EG, raster_group_m=3, padding_rows=SKIP, epilogue_store=UNDER,
+            dependent_launch=PREFETCH), p1_oai),
+        ("g2_rowscale_bias_grouped3_skip_dynamic_pdl_prefetch", Cfg(
+            tile_n=256, scheduler=DYN, raster=s90.Raster.GROUPED_M, raster_group_m=3, padding_rows=SKIP,
+            epilogue_store=UNDER, dependent_launch=PREFETCH), p2_bias),
+        ("g1_swiglu_pair_pdl_prefetch", dataclasses.replace(pair, dependent_launch=PREFETCH), p1),
+        ("g1_swiglu_token_rows_pdl", dataclasses.replace(single, a_source=TOKEN_ROWS, dependent_launch=PDL), p1),
+        ("g2_rowscale_fuse_tail_pdl_many", Cfg(tile_n=256, padding_rows=FUSE, dependent_launch=PDL), p2),
     ]
 
 

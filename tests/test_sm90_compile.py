@@ -205,6 +205,33 @@ def test_epilogue_store_limits_key_and_policy():
     assert s90.default_epilogue_store(s90.Consumers.PINGPONG) is s90.EpilogueStore.AFTER_MAINLOOP
 
 
+def test_dependent_launch_limits_and_key():
+    """Every kernel takes PROGRAMMATIC (a programmatic dependent launch); the weight prefetch before the wait is the
+    regular and the swapped kernels'. The choice is part of the key (a plain launch keeps the key it always had) and
+    kernel_from_key reads it back."""
+    DL = s90.DependentLaunch
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    p2 = s90.Sm90Problem(G2, 2048, 768, 128, torch.bfloat16, None, False, True)
+    configs = [s90.default_config(p1, rows_per_expert=rows) for rows in (0.5, 128.0, 200.0, 512.0)]
+    configs += [s90.Sm90GemmConfig(work_unit=WorkUnit.PAIR), s90.Sm90GemmConfig(tile_n=128, padding_rows=s90.PaddingRows.FUSE_TAIL)]
+    for cfg in configs:
+        for launch in DL:
+            ok, why = s90.can_implement(dataclasses.replace(cfg, dependent_launch=launch), p1)
+            fused = cfg.padding_rows is s90.PaddingRows.FUSE_TAIL
+            assert ok == (not fused or launch is not DL.PROGRAMMATIC_WEIGHT_PREFETCH), (cfg, launch, why)
+            if not ok:
+                assert "dependent_launch" in why and "FUSE_TAIL" in why
+    ok, why = s90.can_implement(s90.Sm90GemmConfig(dependent_launch="programmatic"), p1)
+    assert not ok and "DependentLaunch" in why
+    base = s90.default_config(p2, rows_per_expert=1024.0)
+    keys = {launch: s90.kernel_key(dataclasses.replace(base, dependent_launch=launch), p2) for launch in DL}
+    assert len({key.file_stem() for key in keys.values()}) == 3
+    assert keys[DL.STREAM_ORDER] == s90.kernel_key(base, p2)
+    assert not any(item[0] == "launch" for item in keys[DL.STREAM_ORDER].extra)
+    for launch, key in keys.items():
+        assert s90.kernel_from_key(key)[0].dependent_launch is launch
+
+
 def test_policies_are_memoized_and_still_validate():
     """The per-forward host calls are cached (a layer makes them for every GEMM of every forward); arguments that
     cannot be hashed still get the functions' own answers."""
@@ -671,6 +698,53 @@ def test_compile_small_and_check_ptx(name, config, problem):
     assert ("st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx) == (pair and dynamic)
     if pair and dynamic:
         assert "mbarrier.arrive.shared::cluster" in ptx
+
+
+DEPENDENT_LAUNCH_KERNELS = [  # (name, config, problem): the decode, wide, regular and fused-tail kernels
+    ("swapped16", s90.Sm90GemmConfig(tile_m=16, tile_n=128, tile_k=128, operands=s90.Operands.WEIGHTS_AS_M),
+     s90.Sm90Problem(G1, 256, 256, 8, torch.bfloat16, Activation.SWIGLU)),
+    ("wide160_token_rows", s90.Sm90GemmConfig(tile_m=160, tile_n=256, tile_k=64, operands=s90.Operands.WEIGHTS_AS_M,
+                                              token_step=32, a_source=s90.ASource.TOKEN_ROWS),
+     s90.Sm90Problem(G1, 512, 256, 8, torch.bfloat16, Activation.SWIGLU)),
+    ("regular_dynamic", s90.Sm90GemmConfig(tile_n=128, scheduler=s90.Scheduler.DYNAMIC),
+     s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True)),
+    ("pair", s90.Sm90GemmConfig(tile_n=128, work_unit=WorkUnit.PAIR),
+     s90.Sm90Problem(G1, 256, 128, 4, torch.bfloat16, Activation.SWIGLU)),
+    ("fuse_tail", s90.Sm90GemmConfig(tile_n=128, padding_rows=s90.PaddingRows.FUSE_TAIL),
+     s90.Sm90Problem(G2, 256, 128, 4, torch.bfloat16, None, False, True)),
+]
+
+
+@NEEDS_DSL
+@pytest.mark.parametrize("name,config,problem", DEPENDENT_LAUNCH_KERNELS, ids=[k[0] for k in DEPENDENT_LAUNCH_KERNELS])
+def test_dependent_launch_waits_before_its_first_input_read(name, config, problem):
+    """PROGRAMMATIC: one griddepcontrol.wait, then launch_dependents, before any global load of the kernel's own code
+    (its first: the dispatch metadata); PROGRAMMATIC_WEIGHT_PREFETCH: also the first unit's weight tiles into L2
+    (cp.async.bulk.prefetch.tensor, by one elected lane) before the wait; a plain launch: none of them."""
+    DL = s90.DependentLaunch
+    launches = [DL.STREAM_ORDER, DL.PROGRAMMATIC]
+    if config.padding_rows is not s90.PaddingRows.FUSE_TAIL:
+        launches.append(DL.PROGRAMMATIC_WEIGHT_PREFETCH)
+    for launch in launches:
+        ptx = s90.compile_kernel(dataclasses.replace(config, dependent_launch=launch), problem, keep_ptx=True).__ptx__
+        lines = ptx.splitlines()
+        waits = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+        releases = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
+        prefetches = [i for i, line in enumerate(lines) if "cp.async.bulk.prefetch.tensor" in line]
+        assert "wgmma.mma_async" in ptx
+        if launch is DL.STREAM_ORDER:
+            assert not waits and not releases and not prefetches, launch
+            continue
+        assert len(waits) == 1 and len(releases) == 1 and waits[0] < releases[0], launch
+        loads = [i for i, line in enumerate(lines) if re.search(r"\bld\.global", line)]
+        if launch is DL.PROGRAMMATIC:
+            assert not prefetches
+            assert loads and min(loads) > waits[0], (launch, "a global load before the wait")
+        else:
+            assert prefetches and max(prefetches) < waits[0], launch
+            assert any(i > waits[0] for i in loads)
+            # one elected lane issues the prefetches (cute.prefetch itself is issued by every thread that runs it)
+            assert any("elect.sync" in line for line in lines[max(0, min(prefetches) - 40):min(prefetches)])
 
 
 @NEEDS_DSL

@@ -6,6 +6,7 @@ Routings: random, skewed, zero-token experts, all rows on one expert. Output poi
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -144,3 +145,53 @@ def test_dynamic_sides_under_any_side_map(name, config, problem, routing, side_m
     assert result["unwritten_rows"] == 0, result
     assert result["repeat_identical"], result
     assert result["err"] <= 2 * result["err_torch_bf16"] + 1e-3, result
+
+
+@pytest.mark.parametrize("tokens", [8, 2048])
+def test_programmatic_launch_chain_is_bit_equal(tokens):
+    """The layer's chain on a qwen3-30b-a3b shape: gather -> GEMM1 -> GEMM2 -> combine (the Triton launches release
+    their dependents at decode sizes, so GEMM1's CTAs can start under the gather), in a CUDA graph replayed 10 times,
+    with both CuTe GEMMs as plain, programmatic, and programmatic-with-weight-prefetch launches: the same bits every
+    replay (the waits order every read after the previous kernel's writes; the prefetch only warms L2)."""
+    from moe2cta.router import api as router
+
+    s90 = bench.s90
+    hidden_size, inter, experts, top_k = 2048, 768, 128, 8
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(tokens)
+    hidden = torch.randn(tokens, hidden_size, generator=gen, device=dev).to(torch.bfloat16)
+    ids = torch.rand(tokens, experts, generator=gen, device=dev).argsort(dim=1)[:, :top_k].to(torch.int32)
+    weights = torch.rand(tokens, top_k, generator=gen, device=dev)
+    w13 = (torch.randn(experts, 2 * inter, hidden_size, generator=gen, device=dev) / hidden_size**0.5).to(torch.bfloat16)
+    w2 = (torch.randn(experts, hidden_size, inter, generator=gen, device=dev) / inter**0.5).to(torch.bfloat16)
+    packed = s90.prepack_w13(w13)
+    disp = router.dispatch(ids, experts)
+    rows = tokens * top_k / experts
+    p1 = s90.Sm90Problem(bench.G1, 2 * inter, hidden_size, experts, torch.bfloat16, bench.Activation.SWIGLU)
+    p2 = s90.Sm90Problem(bench.G2, hidden_size, inter, experts, torch.bfloat16, None, False, True)
+    row_scale = torch.empty(disp.sorted_slots.shape[0], dtype=torch.float32, device=dev)
+
+    def chain(launch):
+        cfg1 = dataclasses.replace(s90.default_config(p1, rows_per_expert=rows), dependent_launch=launch)
+        cfg2 = dataclasses.replace(s90.default_config(p2, rows_per_expert=rows), dependent_launch=launch)
+        a1 = router.gather(hidden, disp, top_k, slot_weights=weights, row_weights_out=row_scale)
+        a2 = s90.sm90_grouped_gemm1(a1, packed, disp.row_offsets, disp.counts, bench.Activation.SWIGLU, config=cfg1)
+        y = s90.sm90_grouped_gemm2(a2, w2, disp.row_offsets, disp.counts, row_scale=row_scale, config=cfg2)
+        return router.combine(y, disp, None, tokens, top_k, out_dtype=torch.bfloat16)
+
+    want = chain(s90.DependentLaunch.STREAM_ORDER).clone()
+    for launch in s90.DependentLaunch:
+        assert torch.equal(chain(launch), want), launch
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            chain(launch)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(launch)
+        for _ in range(10):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), launch
