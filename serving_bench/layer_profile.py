@@ -30,7 +30,7 @@ from moe2cta.presets import get_preset
 from .backends import make_expert_weights
 from .power import PowerSampler, sustain
 
-__all__ = ["ProfileMode", "EagerForward", "capture_forward", "profile_layer", "profile_calls", "main"]
+__all__ = ["ProfileMode", "EagerForward", "capture_forward", "capture_forward_output", "profile_layer", "profile_calls", "main"]
 
 
 class ProfileMode(enum.Enum):
@@ -51,6 +51,11 @@ class EagerForward:
 def capture_forward(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, pool=None) -> torch.cuda.CUDAGraph:
     """A CUDA graph of one forward, captured after warm-up forwards on a side stream (as timing.py captures); pool:
     a graph memory pool to share with graphs that are replayed one at a time (torch.cuda.graph_pool_handle())."""
+    return capture_forward_output(layer, hidden, logits, pool)[0]
+
+
+def capture_forward_output(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, pool=None):
+    """(graph, its output tensor): capture_forward, keeping the output that each replay rewrites."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -60,9 +65,9 @@ def capture_forward(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor,
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
-        layer(hidden, logits)
+        out = layer(hidden, logits)
     torch.cuda.synchronize()
-    return graph
+    return graph, out
 
 
 def profile_layer(layer: MoELayer, hidden: torch.Tensor, logits: torch.Tensor, iters: int) -> list[tuple[str, float, int]]:

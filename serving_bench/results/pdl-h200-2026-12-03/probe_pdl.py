@@ -66,20 +66,11 @@ def forced_launch(launch):
 
 
 def capture(layer, hidden, logits, pool):
-    """(graph, its output tensor) of one forward, after two warm-up forwards on a side stream (as layer_profile's
-    capture_forward, which drops the output)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            layer(hidden, logits)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = layer(hidden, logits)
-    torch.cuda.synchronize()
-    return graph, out
+    """(graph, its output tensor) of one forward (layer_profile.capture_forward_output; as run on the device, this
+    probe held its own copy of that capture)."""
+    from moe2cta.serving_bench.layer_profile import capture_forward_output
+
+    return capture_forward_output(layer, hidden, logits, pool)
 
 
 def kernels(out_dir):
