@@ -88,7 +88,7 @@ from cutlass.pipeline import pipeline_init_wait
 
 from .cute_backend import (A_COPY, A_TOKEN_ROWS, CONSUMERS_COOPERATIVE, CP_ASYNC_CHUNK, LAUNCH_STREAM_ORDER, RASTER_N,
                            SCHED_DYNAMIC, Sm90GroupedGemmKernel)
-from .sm90_grouped_gemm import WGMMA_MAX_N, WIDE_EPI_PAD, ExpertSplit, wide_epilogue_rows, wide_token_box
+from .sm90_config import WGMMA_MAX_N, WIDE_EPI_PAD, ExpertSplit, wide_epilogue_rows, wide_token_box
 
 WIDE_MIN_TILE_M = 64  # token tiles above this are "wide": several consumer warpgroups, wgmma N chosen per unit
 # (WIDE_EPI_PAD: 16 bytes per staging row, so that the 8 rows one stmatrix fragment writes hit distinct banks)
