@@ -90,6 +90,7 @@ __all__ = [
     "kernel_key",
     "compile_kernel",
     "compile_for_preset",
+    "prepare_device",
     "compile_requests",
     "kernel_from_key",
     "kernel_request",
@@ -966,14 +967,21 @@ def _check_inputs(a, w, row_offsets, counts, name_w: str) -> None:
         raise RuntimeError(f"a: the sm100 kernels need an sm_100 GPU (B200/GB200), this device is sm_{major}{minor}")
 
 
+def prepare_device(device) -> None:
+    """Make the dummy that launches on `device` pass for an absent bias or row scale (never read), once per device.
+    MoELayer calls this when it is built: a first launch inside a graph capture would otherwise make it in the
+    capture's memory pool and keep it there (torch.compile's CUDA graph trees refuse that)."""
+    device = torch.device(device)
+    if device not in _SCRATCH:
+        _SCRATCH[device] = torch.zeros(1, dtype=torch.float32, device=device)
+
+
 def _launch(config, problem, a, w, out, row_offsets, counts, bias, row_scale):
     ok, reason = can_implement(config, problem)
     if not ok:
         raise ValueError(f"config: {reason}")
-    key = (a.device, a.dtype)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = torch.zeros(1, dtype=torch.float32, device=a.device)
-    dummy = _SCRATCH[key]
+    prepare_device(a.device)
+    dummy = _SCRATCH[a.device]
     launches = [(config, 0, NO_UPPER_BOUND)]
     if config.unit is WorkUnit.PAIR and config.pair_threshold > 0:
         launches = [(config, config.pair_threshold, NO_UPPER_BOUND),

@@ -75,6 +75,7 @@ __all__ = [
     "kernel_bias",
     "kernel_key",
     "compile_kernel",
+    "prepare_device",
     "sm90_grouped_gemm1",
     "sm90_grouped_gemm2",
     "compile_for_preset",
@@ -447,6 +448,20 @@ def _cache_for(directory) -> KernelCache:
 _UNUSED: dict = {}  # device -> (workspace of STATIC launches, dummy bias, dummy row scale): never read or written
 
 
+def prepare_device(device: torch.device) -> None:
+    """Make the tensors every launch on `device` may pass and no kernel reads (STATIC workspace, dummy bias, dummy row
+    scale, DYNAMIC_SIDES's side map), once per device. MoELayer calls this when it is built. A first launch inside a
+    graph capture would otherwise make them in the capture's memory pool and keep them there, and torch.compile's CUDA
+    graph trees (which warm up inside their pool) refuse a pool holding tensors that are not outputs."""
+    device = torch.device(device)
+    key = (device.type, device.index)
+    if key not in _UNUSED:
+        _UNUSED[key] = (torch.empty(4, dtype=torch.int32, device=device),
+                        torch.empty(1, 1, dtype=torch.float32, device=device),
+                        torch.empty(1, dtype=torch.float32, device=device))
+    l2_sides.side_map(device)
+
+
 def _launch_scratch(config, device: torch.device):
     """(workspace, dummy bias, dummy row scale) for one launch.
 
@@ -455,14 +470,10 @@ def _launch_scratch(config, device: torch.device):
     graphs and replay in any order (a per-stream counter made once inside a capture lay in pool memory that another
     graph of the same pool reused as scratch: that graph's replays overwrote it and the GEMM skipped its tiles;
     tests/test_graph_pools.py). STATIC launches never touch the workspace, and the dummies are never read (their
-    epilogue flags are off), so those are made once per device whatever memory they come from.
+    epilogue flags are off): those are made once per device (prepare_device).
     """
-    key = (device.type, device.index)
-    if key not in _UNUSED:
-        _UNUSED[key] = (torch.empty(4, dtype=torch.int32, device=device),
-                        torch.empty(1, 1, dtype=torch.float32, device=device),
-                        torch.empty(1, dtype=torch.float32, device=device))
-    unused_workspace, dummy_bias, dummy_scale = _UNUSED[key]
+    prepare_device(device)
+    unused_workspace, dummy_bias, dummy_scale = _UNUSED[(device.type, device.index)]
     if config.scheduler is Scheduler.DYNAMIC:
         return torch.zeros(4, dtype=torch.int32, device=device), dummy_bias, dummy_scale
     if config.scheduler is Scheduler.DYNAMIC_SIDES:

@@ -9,6 +9,7 @@ units) and combine, behind one small API:
     layer = moe2cta.MoELayer(moe2cta.pack_gate_up_rows(w13), w2, routing=..., w13_layout="chunked")  # one copy
     graphed = moe2cta.GraphedMoELayer(layer, batch_sizes=[1, 2, 4, 8, 16, 32])  # eager callers: CUDA-graph replays
     ok, reason = moe2cta.is_supported("cute", hidden, w13, w2)
+    from moe2cta import adapters   # the layer as torch.library ops for compiled models (torch.ops.moe2cta.*)
 
 Importing moe2cta needs neither a GPU nor the CuTe DSL: kernels are imported and built when first used.
 """

@@ -512,6 +512,8 @@ def _prepare_cute(layer: "MoELayer") -> dict:
     capability = torch.cuda.get_device_capability(layer.w13.device)
     module = _optional_module(f"grouped_gemm.{CUTE_ARCH_MODULES[capability]}")[0]
     packed = layer.w13 if layer.w13_layout is W13Layout.CHUNKED else pack_gate_up_rows(layer.w13)
+    # the per-device tensors the launches pass and never read, made now (outside any graph capture's memory pool)
+    module.prepare_device(layer.w13.device)
     prepared = {
         "module": module,
         "packed_w13": packed,
