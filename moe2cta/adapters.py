@@ -29,7 +29,8 @@ _LAYERS: dict[str, MoELayer] = {}
 
 def register_layer(name: str, layer: MoELayer) -> str:
     """Make `layer` callable through the ops as `name`; returns name. Registering the same layer again is a no-op; a
-    name that already holds another layer raises (unregister it first)."""
+    name that already holds another layer raises (unregister it first). The registry keeps the layer (and its
+    weights) alive until unregister_layer(name)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty str, got {name!r}")
     if not isinstance(layer, MoELayer):
