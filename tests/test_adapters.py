@@ -151,3 +151,25 @@ def test_gpu_compiled_op_under_cuda_graphs(registered, backend):
         same = moe_reference(hidden, layer.w13, layer.w2, weights, ids, dtype=torch.bfloat16)
         err = (out.double() - want).abs().max() / want.abs().max()
         assert err <= 2 * (same.double() - want).abs().max() / want.abs().max() + 1e-3
+
+
+def test_cute_families_make_their_launch_dummies_once():
+    """prepare_device (MoELayer calls it at construction, outside any capture pool: CUDA graph trees refuse tensors a
+    first launch would leave in their pool) makes each family's never-read tensors once per device, and the launches
+    pass exactly those."""
+    from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
+    from moe2cta.grouped_gemm import sm100_grouped_gemm as s100
+
+    cpu = torch.device("cpu")
+    s90.prepare_device(cpu)
+    made = s90._UNUSED[(cpu.type, cpu.index)]
+    s90.prepare_device("cpu")
+    assert s90._UNUSED[(cpu.type, cpu.index)] is made
+    static = s90.Sm90GemmConfig(scheduler=s90.Scheduler.STATIC)
+    assert all(a is b for a, b in zip(s90._launch_scratch(static, cpu), made))
+    dynamic = s90._launch_scratch(s90.Sm90GemmConfig(scheduler=s90.Scheduler.DYNAMIC), cpu)
+    assert dynamic[0] is not made[0] and dynamic[1] is made[1]  # a DYNAMIC launch's counters are its own
+    s100.prepare_device(cpu)
+    dummy = s100._SCRATCH[cpu]
+    s100.prepare_device("cpu")
+    assert s100._SCRATCH[cpu] is dummy
