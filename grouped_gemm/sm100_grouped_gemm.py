@@ -980,7 +980,8 @@ def _launch(config, problem, a, w, out, row_offsets, counts, bias, row_scale):
     ok, reason = can_implement(config, problem)
     if not ok:
         raise ValueError(f"config: {reason}")
-    prepare_device(a.device)
+    if a.device not in _SCRATCH:
+        prepare_device(a.device)
     dummy = _SCRATCH[a.device]
     launches = [(config, 0, NO_UPPER_BOUND)]
     if config.unit is WorkUnit.PAIR and config.pair_threshold > 0:

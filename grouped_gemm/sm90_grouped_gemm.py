@@ -472,8 +472,10 @@ def _launch_scratch(config, device: torch.device):
     tests/test_graph_pools.py). STATIC launches never touch the workspace, and the dummies are never read (their
     epilogue flags are off): those are made once per device (prepare_device).
     """
-    prepare_device(device)
-    unused_workspace, dummy_bias, dummy_scale = _UNUSED[(device.type, device.index)]
+    key = (device.type, device.index)
+    if key not in _UNUSED:  # (one dict lookup per launch on the hot path)
+        prepare_device(device)
+    unused_workspace, dummy_bias, dummy_scale = _UNUSED[key]
     if config.scheduler is Scheduler.DYNAMIC:
         return torch.zeros(4, dtype=torch.int32, device=device), dummy_bias, dummy_scale
     if config.scheduler is Scheduler.DYNAMIC_SIDES:
