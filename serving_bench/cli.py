@@ -18,7 +18,7 @@ import torch
 from moe2cta.presets import PRESETS, custom_preset, get_preset
 
 from .backends import BACKENDS, DEFAULT_CPU_BACKENDS, DEFAULT_GPU_BACKENDS
-from .distributions import DistributionKind, RoutingDistribution
+from .distributions import BenchRouter, DistributionKind, RoutingDistribution
 from .floors import DEFAULT_CEILINGS, CeilingSource, Ceilings, measure_ceilings
 from .progress import Progress, ProgressStyle
 from .runner import BackendOrder, RunConfig, run_benchmark
@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokens", type=_int_list, help="token counts of the sweep, e.g. 1,8,32 (overrides the scenario's)")
     g.add_argument("--routing", default="uniform",
                    help="comma-separated: uniform, balanced, zipf[:s], dirichlet[:alpha], hot (default uniform)")
+    g.add_argument("--router", choices=[r.value for r in BenchRouter], default=BenchRouter.MODEL.value,
+                   help="model: each preset's own router (default); peer: softmax -> top-k -> renormalize for every "
+                        "preset, the routing of the peer figures (differs from model only for deepseek-v3)")
     g.add_argument("--backends", help=f"comma-separated or 'all' ({', '.join(BACKENDS)})")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     g.add_argument("--dtype", choices=tuple(DTYPES), help="weights and activations (default bf16; fp32 on CPU, "
@@ -133,6 +136,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
     else:
         models = []
     models += [custom_preset(spec) for spec in args.custom]
+    router = BenchRouter(args.router)
     if not models:
         if not on_gpu:
             models = [custom_preset(CPU_PRESET)]
@@ -180,7 +184,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
     if not on_gpu and dtype is torch.float32 and not args.dtype:
         notes.append("CPU run in fp32 (bf16 matmuls are ~10x slower on CPUs without bf16 units); pass --dtype bf16 to force.")
     run = RunConfig(tuple(models), tuple(tokens), distributions, backends, device, ceilings, timing, trace,
-                    args.seed, args.check_rows, dtype, BackendOrder(args.order))
+                    args.seed, args.check_rows, dtype, BackendOrder(args.order), router)
     if trace is not None and trace.token_budget > 1 << 17:
         raise ValueError("--trace-budget: expected <= 131072 tokens per step")
     return run, notes

@@ -11,6 +11,12 @@ group-limited routing the choice respects the groups (at most topk_group groups 
 - ZIPF (param s, default 1.2): expert popularity ~ 1 / rank^s over a random ranking of the experts.
 - DIRICHLET (param alpha, default 0.3): popularity ~ Dirichlet(alpha, ..., alpha); small alpha = skewed.
 - HOT: one expert (random) is in every token's top-k; the other k-1 are uniform over the rest.
+
+BenchRouter says which router turns the logits into top-k: MODEL, each preset's own (the default); PEER, softmax ->
+top-k -> renormalize for every preset, as the peer figures of shared/bench/peers-h200-2026-11-29.md were measured.
+The two select the same experts for every preset but DeepSeek-V3. Its MODEL router on i.i.d. logits lets the random
+correction bias skew the loads (about 2.1x the mean on the busiest expert at T >= 2048, against 1.04-1.36x for the
+others): a trained model's bias is learned to balance its loads, and i.i.d. logits have nothing to balance.
 """
 from __future__ import annotations
 
@@ -20,9 +26,11 @@ import enum
 import numpy as np
 import torch
 
-from moe2cta.router import RoutingConfig
+from moe2cta.presets import ModelPreset
+from moe2cta.router import RoutingConfig, Scoring
 
 __all__ = [
+    "BenchRouter",
     "DistributionKind",
     "RoutingDistribution",
     "make_router_logits",
@@ -35,6 +43,27 @@ CHOSEN_LOGIT = 4.0
 OTHER_LOGIT = -4.0
 LOGIT_NOISE = 0.5
 CORRECTION_BIAS_RANGE = 0.05
+
+
+class BenchRouter(enum.Enum):
+    """Which router the benchmark runs on the logits (module docstring)."""
+
+    MODEL = "model"  # each preset's own RoutingConfig
+    PEER = "peer"  # softmax -> top-k -> renormalize, no correction bias, no scaling factor
+
+    def describe(self) -> str:
+        if self is BenchRouter.PEER:
+            return "softmax -> top-k -> renormalize for every model (the peer figures' routing)"
+        return "each model's own router"
+
+    def apply(self, preset: ModelPreset) -> ModelPreset:
+        """`preset` with this router's RoutingConfig (MODEL: unchanged)."""
+        if not isinstance(preset, ModelPreset):
+            raise TypeError(f"preset: expected a ModelPreset, got {type(preset).__name__}")
+        if self is BenchRouter.MODEL:
+            return preset
+        return dataclasses.replace(preset, routing=RoutingConfig(top_k=preset.top_k, scoring=Scoring.SOFTMAX,
+                                                                 renormalize=True))
 
 
 class DistributionKind(enum.Enum):
@@ -100,7 +129,7 @@ class RoutingDistribution:
         if self.kind is DistributionKind.DIRICHLET:
             return f"skewed: expert popularity ~ Dirichlet(alpha={self.param:g})"
         return {
-            DistributionKind.UNIFORM: "i.i.d. N(0,1) router logits, routed by the model's own router",
+            DistributionKind.UNIFORM: "i.i.d. N(0,1) router logits, routed by the run's router",
             DistributionKind.BALANCED: "perfectly balanced: every expert gets T*k/E slots (+-1)",
             DistributionKind.HOT: "one hot expert in every token's top-k, the rest uniform",
         }[self.kind]

@@ -172,6 +172,7 @@ def _header_lines(bench: BenchResults) -> list[str]:
         f"ceilings: {cfg.ceilings.describe()}",
         f"targets (moe2cta triton / cute / auto): {TARGETS.describe()}; '*' marks such a cell above its target",
         "routing distributions: " + "; ".join(f"{d.label} = {d.describe()}" for d in cfg.distributions),
+        f"router: {cfg.router.describe()}",
         f"backend order: {cfg.order.describe()}",
     ]
     if cfg.device.type != "cuda":
@@ -284,6 +285,7 @@ def results_json(bench: BenchResults) -> dict:
                          "kind": BACKENDS[n].family.value, "description": BACKENDS[n].description} for n in cfg.backends},
         "timing": _jsonable(cfg.timing),
         "backend_order": cfg.order.value,
+        "router": cfg.router.value,
         "loads": [{"model": m, "distribution": d, "tokens": t} | _jsonable(load) | {"imbalance": load.imbalance}
                   for (m, d, t), load in bench.loads.items()],
         "results": results,

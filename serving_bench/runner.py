@@ -39,7 +39,7 @@ from moe2cta.presets import ModelPreset
 
 from .backends import BACKENDS, ExpertWeights, make_expert_weights
 from .correctness import CheckStatus, ReferenceRows, check_output, make_reference
-from .distributions import LoadSummary, RoutingDistribution, make_router_logits, summarize_load
+from .distributions import BenchRouter, LoadSummary, RoutingDistribution, make_router_logits, summarize_load
 from .floors import TARGETS, Ceilings, moe_floor
 from .routing_twin import route_twin
 from .timing import TimingConfig, rotation_count, time_interleaved
@@ -139,6 +139,7 @@ class RunConfig:
     check_rows: int = 256
     dtype: torch.dtype = torch.bfloat16  # weights and activations
     order: BackendOrder = BackendOrder.SEQUENTIAL
+    router: BenchRouter = BenchRouter.MODEL  # models holds the presets with this router's RoutingConfig
 
     def __post_init__(self):
         if not self.models:
@@ -158,6 +159,9 @@ class RunConfig:
             raise ValueError(f"sweep_tokens: expected positive token counts, got {self.sweep_tokens}")
         if not isinstance(self.order, BackendOrder):
             raise TypeError(f"order: expected a BackendOrder, got {self.order!r}")
+        if not isinstance(self.router, BenchRouter):
+            raise TypeError(f"router: expected a BenchRouter, got {self.router!r}")
+        object.__setattr__(self, "models", tuple(self.router.apply(p) for p in self.models))
 
 
 @dataclasses.dataclass

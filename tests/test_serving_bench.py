@@ -17,6 +17,7 @@ from moe2cta.serving_bench import backends as backends_mod
 from moe2cta.serving_bench.backends import BACKENDS, BackendFamily, BackendSpec, make_expert_weights
 from moe2cta.serving_bench.correctness import CheckStatus, check_output, make_reference, moe_rows
 from moe2cta.serving_bench.distributions import (
+    BenchRouter,
     DistributionKind,
     RoutingDistribution,
     make_correction_bias,
@@ -439,6 +440,7 @@ def test_interleaved_order_times_a_cells_backends_in_the_same_rounds(monkeypatch
     rounds = "".join(name[-1] for name in log)
     assert "abba" in rounds and "baab" in rounds
     assert "interleaved" in terminal_report(bench) and results_json(bench)["backend_order"] == "interleaved"
+    assert "router: each model's own router" in terminal_report(bench) and results_json(bench)["router"] == "model"
     with pytest.raises(TypeError, match="order"):
         dataclasses.replace(run, order="interleaved")
 
@@ -508,6 +510,42 @@ def test_cli_default_plan_on_cpu():
         plan_from_args(build_parser().parse_args(["--device", "cpu", "--models", "llama"]))
     with pytest.raises(ValueError, match="backends"):
         plan_from_args(build_parser().parse_args(["--device", "cpu", "--backends", "vllm"]))
+
+
+def test_bench_router_peer_is_the_peer_figures_routing():
+    """BenchRouter.PEER: softmax -> top-k -> renormalize for every preset. It selects what each preset's own router
+    selects except for deepseek-v3, whose own router (random correction bias) skews the loads on i.i.d. logits."""
+    from moe2cta.serving_bench.cli import build_parser, plan_from_args
+
+    deepseek = get_preset("deepseek-v3")
+    assert BenchRouter.MODEL.apply(deepseek) is deepseek
+    peer = BenchRouter.PEER.apply(deepseek)
+    assert (peer.routing.scoring, peer.routing.renormalize, peer.routing.top_k) == (Scoring.SOFTMAX, True, 8)
+    assert peer.routing.num_expert_group is None and peer.routing.routed_scaling_factor == 1.0
+    assert (peer.name, peer.hidden, peer.intermediate, peer.num_experts) == ("deepseek-v3", 7168, 2048, 256)
+    uniform = RoutingDistribution(DistributionKind.UNIFORM)
+    for name in ("qwen3-30b-a3b", "gpt-oss-120b", "mixtral-8x7b", "deepseek-v3"):
+        preset = get_preset(name)
+        logits = make_router_logits(uniform, 2048, preset.num_experts, preset.routing, seed=3, device="cpu")
+        bias = make_correction_bias(preset.num_experts, seed=1, device="cpu") if preset.routing.num_expert_group else None
+        own = route_twin(logits, preset.routing, bias).topk_ids
+        ids = route_twin(logits, BenchRouter.PEER.apply(preset).routing, None).topk_ids
+        if name != "deepseek-v3":
+            assert torch.equal(own.sort(1).values, ids.sort(1).values), name
+        else:
+            assert summarize_load(own, 256).imbalance > 1.8 > 1.5 > summarize_load(ids, 256).imbalance
+    with pytest.raises(TypeError, match="preset"):
+        BenchRouter.PEER.apply("deepseek-v3")
+    run, _ = plan_from_args(build_parser().parse_args(["--device", "cpu", "--models", "deepseek-v3,qwen3-30b-a3b",
+                                                       "--router", "peer"]))
+    assert [m.routing.scoring for m in run.models] == [Scoring.SOFTMAX, Scoring.SOFTMAX]
+    assert run.router is BenchRouter.PEER and run.models[1] == get_preset("qwen3-30b-a3b")
+    with pytest.raises(TypeError, match="router"):
+        dataclasses.replace(run, router="peer")
+    run, _ = plan_from_args(build_parser().parse_args(["--device", "cpu", "--models", "deepseek-v3"]))
+    assert run.models[0].routing.scoring is Scoring.SIGMOID_GROUPED
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--router", "softmax"])
 
 
 def test_progress_lines():
