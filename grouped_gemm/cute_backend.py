@@ -72,9 +72,12 @@ back). With cluster_m == 2 the unit is a PAIR when both
 m-blocks belong to one expert with counts[e] >= pair_threshold (a runtime argument): each CTA loads half
 of the weight tile and multicasts it to both (.multicast::cluster). Otherwise the two CTAs work as two
 SINGLES (possibly of different experts), each loading its own whole weight tile. Both CTAs decode the
-same unit from the same metadata, so their pipelines stay in lockstep. m-blocks that hold only padding
-rows are computed but not stored, and so is an m-block past the last expert (the second CTA of a
-cluster when the m-block count is odd), to keep the pair in lockstep.
+same unit from the same metadata, so their pipelines stay in lockstep. With cluster_m 2, m-blocks that hold
+only padding rows are computed but not stored, and so is an m-block past the last expert (the second CTA of a
+cluster when the m-block count is odd), to keep the pair in lockstep. With cluster_m 1 (COOPERATIVE) such a unit
+is skipped: neither the producer nor the consumers touch a stage for it. That is what lets one launch multiply a
+subset of the experts, the others given 0 rows by `counts` while row_offsets keeps their rows (the layer's expert
+classes, sm90_grouped_gemm.expert_classes): their m-blocks cost a unit fetch each, not a weight pass.
 The per-unit expert search (binary search over row_offsets) reads SMEM copies made at kernel start.
 
 Schedulers: STATIC (unit = cluster id + i * clusters) or DYNAMIC (the producer's lane 0 of each cluster's
@@ -176,6 +179,9 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         self.store_under_next = epilogue_store in (STORE_UNDER_NEXT_MAINLOOP, STORE_ACTIVATION_UNDER_NEXT_MAINLOOP)
         self.pingpong = consumers == CONSUMERS_PINGPONG
         self.skip_padding = padding_rows == PADDING_SKIP
+        # a unit whose tile holds no valid row of its expert (an expert given 0 rows by its counts, as the layer's
+        # expert classes give the other classes' experts) loads and multiplies nothing; one CTA per unit only
+        self.skip_empty_units = cluster_m == 1 and consumers != CONSUMERS_PINGPONG
         self.stages = stages
         self.cluster_m = cluster_m
         self.epilogue = epilogue
@@ -639,25 +645,31 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
                     )
                     # ask for the next unit now: the atomic's latency hides behind this unit's loads
                     next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, rank, total)
-                    for k in cutlass.range(k_tiles, unroll=1):
-                        mainloop.producer_acquire(state)
-                        bar = mainloop.producer_get_barrier(state)
-                        cute.copy(tma_atom_a, tAgA[(None, m_block, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                        if cutlass.const_expr(self.cluster_m > 1):
-                            if is_pair:
-                                cute.copy(
-                                    tma_atom_b_mc,
-                                    tBgB_mc[(None, nb, k, expert)],
-                                    tBsB_mc[(None, state.index)],
-                                    tma_bar_ptr=bar,
-                                    mcast_mask=cutlass.Int16((1 << self.cluster_m) - 1),
-                                )
+                    runs = cutlass.Boolean(True)
+                    if cutlass.const_expr(self.skip_empty_units):
+                        runs = has_valid
+                    if runs:
+                        for k in cutlass.range(k_tiles, unroll=1):
+                            mainloop.producer_acquire(state)
+                            bar = mainloop.producer_get_barrier(state)
+                            cute.copy(tma_atom_a, tAgA[(None, m_block, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                            if cutlass.const_expr(self.cluster_m > 1):
+                                if is_pair:
+                                    cute.copy(
+                                        tma_atom_b_mc,
+                                        tBgB_mc[(None, nb, k, expert)],
+                                        tBsB_mc[(None, state.index)],
+                                        tma_bar_ptr=bar,
+                                        mcast_mask=cutlass.Int16((1 << self.cluster_m) - 1),
+                                    )
+                                else:
+                                    cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)],
+                                              tma_bar_ptr=bar)
                             else:
-                                cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                        else:
-                            cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                        mainloop.producer_commit(state)
-                        state.advance()
+                                cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)],
+                                          tma_bar_ptr=bar)
+                            mainloop.producer_commit(state)
+                            state.advance()
                     unit = next_unit
                     if cutlass.const_expr(self.dynamic):
                         unit = self.publish_unit(unit, sched, sched_state, slots, rank)
@@ -736,88 +748,92 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
                         unit, s_rows, s_counts, pair_threshold, rank
                     )
                     # ---- mainloop: one wgmma group in flight, release the stage of the previous group
-                    acc.fill(0.0)
-                    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                    cute.nvgpu.warpgroup.fence()
-                    multiplies = True
-                    if cutlass.const_expr(self.skip_padding):
-                        # this warpgroup's 64 rows start at wg_row0 of the tile; the valid rows of the tile's
-                        # expert end at valid_end (warpgroup-uniform: a dynamic branch)
-                        valid_end = s_rows[expert] + s_counts[expert] - m_block * self.tile_m
-                        multiplies = wg_row0 < valid_end
-                    held_tile = gC[(None, None, held_m_block, held_nb)]
-                    if multiplies:
-                        # the K tiles that store a held sub-tile (unrolled: a sub-tile's registers are static)
-                        for ku in cutlass.range_constexpr(under):
-                            mainloop.consumer_wait(read_state)
-                            self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index)
-                            if pending:
-                                epi_count = self.store_held_subtile(
-                                    held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
-                                    store_pipe, epi_count, warp_idx == 4,
-                                )
-                            cute.nvgpu.warpgroup.wait_group(1)
-                            if cutlass.const_expr(ku > 0):
+                    runs = cutlass.Boolean(True)
+                    if cutlass.const_expr(self.skip_empty_units):
+                        runs = has_valid
+                    if runs:
+                        acc.fill(0.0)
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                        cute.nvgpu.warpgroup.fence()
+                        multiplies = True
+                        if cutlass.const_expr(self.skip_padding):
+                            # this warpgroup's 64 rows start at wg_row0 of the tile; the valid rows of the tile's
+                            # expert end at valid_end (warpgroup-uniform: a dynamic branch)
+                            valid_end = s_rows[expert] + s_counts[expert] - m_block * self.tile_m
+                            multiplies = wg_row0 < valid_end
+                        held_tile = gC[(None, None, held_m_block, held_nb)]
+                        if multiplies:
+                            # the K tiles that store a held sub-tile (unrolled: a sub-tile's registers are static)
+                            for ku in cutlass.range_constexpr(under):
+                                mainloop.consumer_wait(read_state)
+                                self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index)
+                                if pending:
+                                    epi_count = self.store_held_subtile(
+                                        held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
+                                        store_pipe, epi_count, warp_idx == 4,
+                                    )
+                                cute.nvgpu.warpgroup.wait_group(1)
+                                if cutlass.const_expr(ku > 0):
+                                    mainloop.consumer_release(release_state)
+                                    release_state.advance()
+                                read_state.advance()
+                            for k in cutlass.range(under, k_tiles, unroll=1):
+                                mainloop.consumer_wait(read_state)
+                                self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index)
+                                cute.nvgpu.warpgroup.wait_group(1)
+                                if k > 0:
+                                    mainloop.consumer_release(release_state)
+                                    release_state.advance()
+                                read_state.advance()
+                            cute.nvgpu.warpgroup.wait_group(0)
+                            if k_tiles > 0:
                                 mainloop.consumer_release(release_state)
                                 release_state.advance()
-                            read_state.advance()
-                        for k in cutlass.range(under, k_tiles, unroll=1):
-                            mainloop.consumer_wait(read_state)
-                            self.issue_k_tile(tiled_mma, acc, tCrA, tCrB, read_state.index)
-                            cute.nvgpu.warpgroup.wait_group(1)
-                            if k > 0:
+                        else:
+                            # all 64 rows are padding: keep the stage phases in step (wait, then release, so an
+                            # arrival never counts toward a later fill of the stage), no MMAs; acc stays 0
+                            for ku in cutlass.range_constexpr(under):
+                                mainloop.consumer_wait(read_state)
                                 mainloop.consumer_release(release_state)
                                 release_state.advance()
-                            read_state.advance()
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        if k_tiles > 0:
-                            mainloop.consumer_release(release_state)
-                            release_state.advance()
-                    else:
-                        # all 64 rows are padding: keep the stage phases in step (wait, then release, so an
-                        # arrival never counts toward a later fill of the stage), no MMAs; acc stays 0
-                        for ku in cutlass.range_constexpr(under):
-                            mainloop.consumer_wait(read_state)
-                            mainloop.consumer_release(release_state)
-                            release_state.advance()
-                            read_state.advance()
-                            if pending:
-                                epi_count = self.store_held_subtile(
-                                    held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
-                                    store_pipe, epi_count, warp_idx == 4,
-                                )
-                        for k in cutlass.range(under, k_tiles, unroll=1):
-                            mainloop.consumer_wait(read_state)
-                            mainloop.consumer_release(release_state)
-                            release_state.advance()
-                            read_state.advance()
+                                read_state.advance()
+                                if pending:
+                                    epi_count = self.store_held_subtile(
+                                        held, ku, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
+                                        store_pipe, epi_count, warp_idx == 4,
+                                    )
+                            for k in cutlass.range(under, k_tiles, unroll=1):
+                                mainloop.consumer_wait(read_state)
+                                mainloop.consumer_release(release_state)
+                                release_state.advance()
+                                read_state.advance()
 
-                    # ---- epilogue (CTA-uniform branches: every consumer thread takes the same ones)
-                    if cutlass.const_expr(self.store_under_next):
-                        if pending:  # the held sub-tiles that this unit's K tiles did not cover
-                            for j in cutlass.range_constexpr(under, epi_num):
-                                epi_count = self.store_held_subtile(
-                                    held, j, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
-                                    store_pipe, epi_count, warp_idx == 4,
-                                )
-                        pending = has_valid
-                        if has_valid:
-                            if cutlass.const_expr(self.activation_under_next):
-                                self.hold_gate_up(acc, out, tRS_rOut, up_out, up_view, held, coords_acc, expert, nb,
-                                                  bias)
-                            else:
-                                self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block * self.tile_m,
-                                                    bias, row_scale)
-                                held.store(tRS_rOut.load().to(self.c_dtype))
-                            held_m_block = m_block
-                            held_nb = nb
-                    elif has_valid:
-                        self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block * self.tile_m, bias,
-                                            row_scale)
-                        epi_count = self.store_tile(
-                            gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD, tRS_rD_out,
-                            tRS_sD, store_pipe, self.epi_barrier, 0, epi_count, warp_idx == 4,
-                        )
+                        # ---- epilogue (CTA-uniform branches: every consumer thread takes the same ones)
+                        if cutlass.const_expr(self.store_under_next):
+                            if pending:  # the held sub-tiles that this unit's K tiles did not cover
+                                for j in cutlass.range_constexpr(under, epi_num):
+                                    epi_count = self.store_held_subtile(
+                                        held, j, held_tile, sC, tma_atom_c, tiled_copy_r2s, tRS_rD_out, tRS_sD,
+                                        store_pipe, epi_count, warp_idx == 4,
+                                    )
+                            pending = has_valid
+                            if has_valid:
+                                if cutlass.const_expr(self.activation_under_next):
+                                    self.hold_gate_up(acc, out, tRS_rOut, up_out, up_view, held, coords_acc, expert, nb,
+                                                      bias)
+                                else:
+                                    self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb,
+                                                        m_block * self.tile_m, bias, row_scale)
+                                    held.store(tRS_rOut.load().to(self.c_dtype))
+                                held_m_block = m_block
+                                held_nb = nb
+                        elif has_valid:
+                            self.apply_epilogue(acc, out, coords_acc, coords_out, expert, nb, m_block * self.tile_m,
+                                                bias, row_scale)
+                            epi_count = self.store_tile(
+                                gC[(None, None, m_block, nb)], sC, tma_atom_c, tiled_copy_r2s, tRS_rOut, tRS_rD,
+                                tRS_rD_out, tRS_sD, store_pipe, self.epi_barrier, 0, epi_count, warp_idx == 4,
+                            )
                     if cutlass.const_expr(self.dynamic):
                         unit = self.read_published_unit(sched, sched_read, slots)
                         sched_read.advance()
@@ -926,35 +942,39 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             if cutlass.const_expr(self.dynamic):
                 if warp_idx == 0:  # ask for the next unit now: the atomic's latency hides behind the loads
                     next_unit = self.fetch_unit(cluster_id, num_clusters, unit, workspace, False, 0, total)
-            first_row = m_block * self.tile_m + row0
-            for i in cutlass.range_constexpr(rows_per_thread):
-                row = first_row + 16 * i
-                slot = a_rows[row]
-                # a padding row reads some token's row: activation-like values (the GEMMs run faster on those than
-                # on zeros, see GatherPadding), and a different one per row (one shared row, read by every padding
-                # row of every CTA at once, is an L2 hot spot)
-                token = row % num_tokens
-                if slot >= 0:
-                    token = slot // rows_per_token
-                tokens[i] = token
-            for k in cutlass.range(k_tiles, unroll=1):
-                if warp_idx == 0:
-                    mainloop.producer_acquire(state)
-                    cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)],
-                              tma_bar_ptr=mainloop.producer_get_barrier(state))
-                else:
-                    mainloop.sync_object_empty.wait(state.index, state.phase)
+            runs = cutlass.Boolean(True)
+            if cutlass.const_expr(self.skip_empty_units):
+                runs = has_valid
+            if runs:
+                first_row = m_block * self.tile_m + row0
                 for i in cutlass.range_constexpr(rows_per_thread):
-                    row_base = cutlass.Int64(tokens[i]) * row_stride + k * self.tile_k + col0
-                    for j in cutlass.range_constexpr(slices):
-                        dst = tAsA[(None, i, j, state.index)]
-                        src_ptr = cute.make_ptr(
-                            self.ab_dtype, base + (row_base + j * 64) * (self.ab_dtype.width // 8),
-                            cute.AddressSpace.gmem, assumed_align=16,
-                        )
-                        cute.copy(cp_atom, cute.make_tensor(src_ptr, cute.make_layout(dst.shape)), dst)
-                cute.arch.cp_async_mbarrier_arrive_noinc(mainloop.producer_get_barrier(state))
-                state.advance()
+                    row = first_row + 16 * i
+                    slot = a_rows[row]
+                    # a padding row reads some token's row: activation-like values (the GEMMs run faster on those than
+                    # on zeros, see GatherPadding), and a different one per row (one shared row, read by every padding
+                    # row of every CTA at once, is an L2 hot spot)
+                    token = row % num_tokens
+                    if slot >= 0:
+                        token = slot // rows_per_token
+                    tokens[i] = token
+                for k in cutlass.range(k_tiles, unroll=1):
+                    if warp_idx == 0:
+                        mainloop.producer_acquire(state)
+                        cute.copy(tma_atom_b, tBgB[(None, nb, k, expert)], tBsB[(None, state.index)],
+                                  tma_bar_ptr=mainloop.producer_get_barrier(state))
+                    else:
+                        mainloop.sync_object_empty.wait(state.index, state.phase)
+                    for i in cutlass.range_constexpr(rows_per_thread):
+                        row_base = cutlass.Int64(tokens[i]) * row_stride + k * self.tile_k + col0
+                        for j in cutlass.range_constexpr(slices):
+                            dst = tAsA[(None, i, j, state.index)]
+                            src_ptr = cute.make_ptr(
+                                self.ab_dtype, base + (row_base + j * 64) * (self.ab_dtype.width // 8),
+                                cute.AddressSpace.gmem, assumed_align=16,
+                            )
+                            cute.copy(cp_atom, cute.make_tensor(src_ptr, cute.make_layout(dst.shape)), dst)
+                    cute.arch.cp_async_mbarrier_arrive_noinc(mainloop.producer_get_barrier(state))
+                    state.advance()
             if cutlass.const_expr(self.dynamic):
                 if warp_idx == 0:
                     self.publish_unit(next_unit, sched, sched_state, slots, 0)

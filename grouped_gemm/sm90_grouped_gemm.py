@@ -67,6 +67,12 @@ __all__ = [
     "swapped_config",
     "wide_config",
     "wide_default",
+    "ExpertClass",
+    "expert_classes",
+    "class_bounds",
+    "class_counts",
+    "EXPERT_CLASS_MAX_ROWS",
+    "EXPERT_CLASSES_GEMM2_MIN_K",
     "default_overrides_tuning",
     "prepack_w13",
     "pack_gate_up_rows",
@@ -153,6 +159,67 @@ def wide_default(problem: Sm90Problem, rows_per_expert: float, scheduler: Schedu
     if problem.kind is GemmStage.GEMM2 and lo < rows_per_expert <= hi:
         return wide_config(problem, tile_m=128, scheduler=scheduler or Scheduler.STATIC)
     return None
+
+
+# Expert classes: one launch per class of experts by their rows, each on the kernel those rows suit, where the
+# 288-row tile alone is refused for having too many experts (WIDE288_MAX_EXPERTS: a spread such as deepseek-v3's gives
+# many experts a second tile). Measured (results/deepseek-peer-routing-h200-2026-12-04/run2, deepseek-v3 T=8192, 256
+# rows per expert on 256 experts, against the regular kernel, GEMM1 / GEMM2): under the model's own router (0-536 rows
+# per expert) 0.970 / 0.988, under a near-balanced one (each token's top-8 uniform, 216-300 rows) 0.877 / 0.965; the
+# 288-row tile alone 1.025 / 1.118 and 0.883 / 0.986. GEMM2 only at K >= EXPERT_CLASSES_GEMM2_MIN_K (its wide tiles
+# lose at short K, WIDE288_GEMM2_MIN_K).
+EXPERT_CLASS_MAX_ROWS = (WIDE160_TILE_M, WIDE288_TILE_M)  # the 160- and 288-row classes; the regular kernel above
+EXPERT_CLASSES_GEMM2_MIN_K = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertClass:
+    """One launch of a GEMM split over expert classes: `config` multiplies the experts of more than the previous
+    class's max_rows rows (0 for the first) and at most `max_rows` (None: no upper limit)."""
+
+    config: Sm90GemmConfig
+    max_rows: int | None
+
+
+@_memoized
+def expert_classes(problem: Sm90Problem, rows_per_expert: float | None) -> tuple[ExpertClass, ...]:
+    """The classes the layer splits this GEMM over for about `rows_per_expert` rows per expert (a host-side
+    estimate): the 160-row wide tile up to 160 rows, the 288-row one up to 288 (both ExpertSplit.EVEN), the regular
+    default above. Where WIDE288_ROWS_PER_EXPERT rows per expert fall on more than WIDE288_MAX_EXPERTS experts (GEMM2
+    at K >= EXPERT_CLASSES_GEMM2_MIN_K); () elsewhere: one launch of default_config. class_counts gives each launch
+    its experts' counts (the others' zero), on the device."""
+    if not isinstance(problem, Sm90Problem):
+        raise TypeError(f"problem: expected an Sm90Problem, got {problem!r}")
+    lo, hi = WIDE288_ROWS_PER_EXPERT
+    if (rows_per_expert is None or not lo < rows_per_expert <= hi or problem.num_experts <= WIDE288_MAX_EXPERTS
+            or (problem.kind is GemmStage.GEMM2 and problem.k < EXPERT_CLASSES_GEMM2_MIN_K)):
+        return ()
+    regular = default_config(problem, rows_per_expert=rows_per_expert)
+    w160 = wide_config(problem, tile_m=WIDE160_TILE_M, max_tile_n=256, expert_split=ExpertSplit.EVEN)
+    w288 = wide_config(problem, tile_m=WIDE288_TILE_M, tile_n=WIDE288_TILE_N, expert_split=ExpertSplit.EVEN)
+    if w160 is None or w288 is None or regular.operands is not Operands.TOKENS_AS_M:
+        return ()
+    return (ExpertClass(w160, EXPERT_CLASS_MAX_ROWS[0]), ExpertClass(w288, EXPERT_CLASS_MAX_ROWS[1]),
+            ExpertClass(regular, None))
+
+
+def class_bounds(device) -> torch.Tensor:
+    """int32 [2] on `device`: EXPERT_CLASS_MAX_ROWS, the boundaries class_counts takes (make it once, outside any
+    graph capture: a host-to-device copy)."""
+    return torch.tensor(EXPERT_CLASS_MAX_ROWS, dtype=torch.int32, device=device)
+
+
+def class_counts(counts: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """int32 [classes, E]: row c holds counts[e] for the experts of class c (more than bounds[c - 1] rows, at most
+    bounds[c]) and 0 for the others, so that each class's launch skips the others' experts. Device work only (a few
+    small launches), no host sync."""
+    if counts.dtype != torch.int32 or counts.dim() != 1:
+        raise TypeError(f"counts: expected int32 [E], got {counts.dtype} {tuple(counts.shape)}")
+    num_experts = counts.numel()
+    padded = torch.nn.functional.pad(counts, (0, -num_experts % 4))  # each row 16-byte aligned, as a fresh tensor is
+    which = torch.bucketize(padded, bounds)  # class of each expert: bounds[c - 1] < count <= bounds[c]
+    ids = torch.arange(bounds.numel() + 1, device=counts.device, dtype=which.dtype)
+    return torch.where(which[None, :] == ids[:, None], padded[None, :], 0)[:, :num_experts]
 
 
 @functools.lru_cache(maxsize=4096)  # host-only, per (problem, estimate): cheap on the per-batch path
@@ -662,6 +729,7 @@ def preset_configs(preset) -> list[tuple[Sm90GemmConfig, Sm90Problem]]:
         configs += [default_config(problem, Scheduler.STATIC), default_config(problem, work_unit=WorkUnit.PAIR)]
         configs += [cfg for cfg in (wide_config(problem),) if cfg is not None]  # whatever the policy says
         configs.append(regular_config(problem, rows_per_expert=GROUPED_RASTER_MIN_ROWS))  # ALONG_N regular
+        configs += [c.config for c in expert_classes(problem, WIDE288_ROWS_PER_EXPERT[1])]  # (E > WIDE288_MAX_EXPERTS)
         # GEMM1: every regular (and 160-row wide) kernel also on the token rows (what Gemm1Input.AUTO runs)
         configs += [twin for twin in (token_rows_twin(cfg, problem) for cfg in configs) if twin is not None]
         for cfg in configs:

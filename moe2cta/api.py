@@ -528,6 +528,7 @@ def _prepare_cute(layer: "MoELayer") -> dict:
             module.Sm90Problem(GemmStage.GEMM2, layer.hidden_size, layer.intermediate, layer.num_experts,
                                layer.w13.dtype, None, layer.b2 is not None, not on_input),
         )
+        prepared["class_bounds"] = module.class_bounds(layer.w13.device)  # (expert classes; made outside any capture)
     return prepared
 
 
@@ -562,6 +563,13 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
             layer.gemm1_input is Gemm1Input.AUTO and module.token_rows_pays(prepared["problems"][0], rows_per_expert))
         if wanted and not on_input and hidden.shape[0] > 0:
             token_rows_cfg = _token_rows_config(module, prepared["problems"][0], cfg1, rows_per_expert)
+    # sm90 expert classes (default configurations only): one launch per class of experts by their rows, each with
+    # the counts of its own experts (module.class_counts, on the device); () = one launch
+    classes1 = classes2 = ()
+    if prefix == "sm90" and cfg1 is None and cfg2 is None and hidden.shape[0] > 0:
+        classes1 = () if token_rows_cfg is not None else module.expert_classes(prepared["problems"][0], rows_per_expert)
+        classes2 = module.expert_classes(prepared["problems"][1], rows_per_expert)
+    counts_by_class = module.class_counts(disp.counts, prepared["class_bounds"]) if classes1 or classes2 else None
     if token_rows_cfg is not None:
         # GEMM1 reads the token rows itself (ASource.TOKEN_ROWS): no gather launch; one small launch writes GEMM2's
         # row scale (the gather's other output)
@@ -570,16 +578,27 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
                    b13=prepared["b13"], config=token_rows_cfg, a_rows=disp.sorted_slots, rows_per_token=top_k)
     else:
         padding = GatherPadding.LEAVE
-        if prefix == "sm90":
-            padding = sm90_gather_padding(module, prepared["problems"][0], cfg1, rows_per_expert)
+        if prefix == "sm90":  # (with classes: the regular kernel's, the last class)
+            padding = sm90_gather_padding(module, prepared["problems"][0], classes1[-1].config if classes1 else cfg1,
+                                          rows_per_expert)
         a1 = router.gather(
             hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend(),
             slot_weights=None if on_input else topk_weights, row_weights_out=row_scale, padding=padding,
         )
-        a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation, b13=prepared["b13"],
-                   config=cfg1, **hint)
-    y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=prepared["b2"], config=cfg2,
-              **hint)
+        a2 = None
+        for c, expert_class in enumerate(classes1):
+            a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, counts_by_class[c], config.activation,
+                       b13=prepared["b13"], config=expert_class.config, out=a2)
+        if not classes1:
+            a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation,
+                       b13=prepared["b13"], config=cfg1, **hint)
+    y = None
+    for c, expert_class in enumerate(classes2):
+        y = gemm2(a2, layer.w2, disp.row_offsets, counts_by_class[c], row_scale=row_scale, b2=prepared["b2"],
+                  config=expert_class.config, out=y)
+    if not classes2:
+        y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=prepared["b2"], config=cfg2,
+                  **hint)
     return _router_api().combine(
         y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()
     )

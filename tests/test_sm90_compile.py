@@ -367,6 +367,38 @@ def test_wide_swapped_limits_and_key():
     assert s90.wide_config(s90.Sm90Problem(G2, 2888, 2880, 128, torch.bfloat16, None, True, True)) is None
 
 
+def test_expert_classes_policy_and_class_counts():
+    """Three classes (160-row tile, 288-row tile, regular kernel) where the 288-row tile's rows per expert fall on more
+    than WIDE288_MAX_EXPERTS experts (GEMM2 at K >= 2048); one launch elsewhere. class_counts gives every expert to
+    exactly one class, by its rows, and its rows start 16-byte aligned."""
+    bf = torch.bfloat16
+    g1 = s90.Sm90Problem(GemmStage.GEMM1, 4096, 7168, 256, bf, Activation.SWIGLU, False)  # deepseek-v3
+    g2 = s90.Sm90Problem(G2, 7168, 2048, 256, bf, None, False, True)
+    for problem in (g1, g2):
+        classes = s90.expert_classes(problem, 256)
+        assert [c.max_rows for c in classes] == [160, 288, None]
+        assert [(c.config.operands, c.config.tile_m, c.config.expert_split) for c in classes[:2]] == [
+            (s90.Operands.WEIGHTS_AS_M, 160, s90.ExpertSplit.EVEN), (s90.Operands.WEIGHTS_AS_M, 288, s90.ExpertSplit.EVEN)]
+        assert classes[2].config == s90.default_config(problem, rows_per_expert=256)
+        assert all(s90.can_implement(c.config, problem)[0] for c in classes)
+        assert all(c.config in [cfg for cfg, p in s90.preset_configs(PRESETS["deepseek-v3"]) if p == problem]
+                   for c in classes)
+        for rows in (None, 100, 144, 257, 512):  # outside (144, 256]: one launch
+            assert s90.expert_classes(problem, rows) == ()
+    assert len(s90.expert_classes(g1, 145)) == 3
+    assert s90.expert_classes(dataclasses.replace(g1, num_experts=128), 256) == ()  # the 288-row tile's own range
+    assert s90.expert_classes(dataclasses.replace(g2, k=1536), 256) == ()  # GEMM2 at short K
+    with pytest.raises(TypeError, match="problem"):
+        s90.expert_classes("deepseek", 256)
+    counts = torch.tensor([0, 1, 160, 161, 288, 289, 600], dtype=torch.int32)
+    per_class = s90.class_counts(counts, s90.class_bounds("cpu"))
+    assert per_class.dtype == torch.int32 and per_class.shape == (3, 7)
+    assert per_class.tolist() == [[0, 1, 160, 0, 0, 0, 0], [0, 0, 0, 161, 288, 0, 0], [0, 0, 0, 0, 0, 289, 600]]
+    assert all(row.is_contiguous() and (row.data_ptr() - per_class.data_ptr()) % 16 == 0 for row in per_class)
+    with pytest.raises(TypeError, match="counts"):
+        s90.class_counts(counts.long(), s90.class_bounds("cpu"))
+
+
 def test_default_config_by_rows_per_expert():
     p2 = s90.Sm90Problem(G2, 2048, 768, 128, torch.bfloat16, None, False, True)
     assert s90.default_config(p2).operands is s90.Operands.TOKENS_AS_M
