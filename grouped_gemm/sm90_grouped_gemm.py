@@ -215,6 +215,9 @@ def class_counts(counts: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     small launches), no host sync."""
     if counts.dtype != torch.int32 or counts.dim() != 1:
         raise TypeError(f"counts: expected int32 [E], got {counts.dtype} {tuple(counts.shape)}")
+    if bounds.dtype != torch.int32 or bounds.dim() != 1 or bounds.device != counts.device:
+        raise TypeError(f"bounds: expected int32 [classes - 1] on {counts.device} (class_bounds), got {bounds.dtype} "
+                        f"{tuple(bounds.shape)} on {bounds.device}")
     num_experts = counts.numel()
     padded = torch.nn.functional.pad(counts, (0, -num_experts % 4))  # each row 16-byte aligned, as a fresh tensor is
     which = torch.bucketize(padded, bounds)  # class of each expert: bounds[c - 1] < count <= bounds[c]

@@ -397,6 +397,8 @@ def test_expert_classes_policy_and_class_counts():
     assert all(row.is_contiguous() and (row.data_ptr() - per_class.data_ptr()) % 16 == 0 for row in per_class)
     with pytest.raises(TypeError, match="counts"):
         s90.class_counts(counts.long(), s90.class_bounds("cpu"))
+    with pytest.raises(TypeError, match="bounds"):
+        s90.class_counts(counts, s90.class_bounds("cpu").long())
 
 
 def test_default_config_by_rows_per_expert():
