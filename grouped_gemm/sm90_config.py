@@ -292,6 +292,18 @@ class Sm90GemmConfig:
     def cluster_m(self) -> int:
         return 2 if self.work_unit is WorkUnit.PAIR else 1
 
+    @property
+    def takes_expert_subsets(self) -> bool:
+        """Whether one launch may multiply a subset of the experts, the others given 0 rows by `counts` while
+        row_offsets keeps their rows (one launch per expert class, sm90_grouped_gemm.expert_classes): it then stores
+        none of those rows and streams none of those experts' weights. WEIGHTS_AS_M kernels count their token tiles
+        from the counts; the regular kernel skips a unit with no valid row where a unit has one CTA and COOPERATIVE
+        consumers (cute_backend.py); the fused-tail kernels do not."""
+        if self.operands is Operands.WEIGHTS_AS_M:
+            return True
+        return (self.cluster_m == 1 and self.consumers is Consumers.COOPERATIVE
+                and self.padding_rows not in (PaddingRows.FUSE_TAIL, PaddingRows.SPLIT_TAIL))
+
 
 @dataclasses.dataclass(frozen=True)
 class Sm90Problem:

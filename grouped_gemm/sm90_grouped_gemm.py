@@ -187,7 +187,8 @@ def expert_classes(problem: Sm90Problem, rows_per_expert: float | None) -> tuple
     estimate): the 160-row wide tile up to 160 rows, the 288-row one up to 288 (both ExpertSplit.EVEN), the regular
     default above. Where WIDE288_ROWS_PER_EXPERT rows per expert fall on more than WIDE288_MAX_EXPERTS experts (GEMM2
     at K >= EXPERT_CLASSES_GEMM2_MIN_K); () elsewhere: one launch of default_config. class_counts gives each launch
-    its experts' counts (the others' zero), on the device."""
+    its experts' counts (the others' zero), on the device, so every class's kernel must take expert subsets
+    (Sm90GemmConfig.takes_expert_subsets)."""
     if not isinstance(problem, Sm90Problem):
         raise TypeError(f"problem: expected an Sm90Problem, got {problem!r}")
     lo, hi = WIDE288_ROWS_PER_EXPERT
@@ -197,7 +198,8 @@ def expert_classes(problem: Sm90Problem, rows_per_expert: float | None) -> tuple
     regular = default_config(problem, rows_per_expert=rows_per_expert)
     w160 = wide_config(problem, tile_m=WIDE160_TILE_M, max_tile_n=256, expert_split=ExpertSplit.EVEN)
     w288 = wide_config(problem, tile_m=WIDE288_TILE_M, tile_n=WIDE288_TILE_N, expert_split=ExpertSplit.EVEN)
-    if w160 is None or w288 is None or regular.operands is not Operands.TOKENS_AS_M:
+    if (w160 is None or w288 is None or regular.operands is not Operands.TOKENS_AS_M
+            or not all(c.takes_expert_subsets for c in (w160, w288, regular))):
         return ()
     return (ExpertClass(w160, EXPERT_CLASS_MAX_ROWS[0]), ExpertClass(w288, EXPERT_CLASS_MAX_ROWS[1]),
             ExpertClass(regular, None))

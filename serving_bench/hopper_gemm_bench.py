@@ -9,7 +9,8 @@ Two steps, so that the GPU host needs no CuTe DSL compiler:
 
 `run` checks small problems over random, skewed, zero-expert and one-expert routings for every variant
 (output poisoned with NaN first; error ||out - ref|| / ||ref|| on valid rows against an fp32 reference,
-bound 2x a same-dtype torch run's error + 1e-3), then times GEMM1 / GEMM2 of model presets at a few
+bound 2x a same-dtype torch run's error + 1e-3; `--routings class_masked`: a launch given half the experts' counts,
+as one expert class's launch is, on the variants that take expert subsets, whose other rows must stay unwritten), then times GEMM1 / GEMM2 of model presets at a few
 token counts: CUDA-graph replay, median of many replays, inputs rotated over several copies so that L2
 holds none of them; pair vs single work units and static vs dynamic scheduler in the same run. A
 watchdog ends the process if one kernel call hangs (naming it).
@@ -432,6 +433,15 @@ def make_counts(kind: str, tokens: int, top_k: int, experts: int, gen: torch.Gen
     raise ValueError(kind)
 
 
+def class_masked(counts: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The counts one launch of an expert class sees (sm90_grouped_gemm.class_counts): a random half of the experts
+    keep their rows, the others get 0 while the row layout (made from `counts`) keeps their rows."""
+    keep = torch.randperm(len(counts), generator=gen)[: max(1, len(counts) // 2)]
+    masked = torch.zeros_like(counts)
+    masked[keep] = counts[keep]
+    return masked
+
+
 def padded_layout(counts: torch.Tensor, max_rows: int):
     padded = (counts + ALIGN - 1) // ALIGN * ALIGN
     row_offsets = torch.zeros(len(counts) + 1, dtype=torch.int32)
@@ -486,19 +496,22 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     tokens = (8192 if name.endswith("_many") else 3 if name.endswith("_decode") else 576 if name.endswith("_3blocks")
               else 300)
     top_k, experts = 4, problem.num_experts
-    counts = make_counts(routing, tokens, top_k, experts, gen)
-    max_rows = int(counts.sum()) + experts * (ALIGN - 1)
-    ro = padded_layout(counts, max_rows)
+    # "class_masked": the layout of a random routing, and a kernel launch that gets the counts of half the experts
+    # (one expert class's launch); the other experts' rows must stay unwritten
+    layout_counts = make_counts("random" if routing == "class_masked" else routing, tokens, top_k, experts, gen)
+    counts = class_masked(layout_counts, gen) if routing == "class_masked" else layout_counts
+    max_rows = int(layout_counts.sum()) + experts * (ALIGN - 1)
+    ro = padded_layout(layout_counts, max_rows)
     k, n, dt = problem.k, problem.n, problem.dtype
     a = (torch.randn(max_rows, k, generator=gen) * 0.5).to(dt)
     token_rows = None
     if cfg.a_source is not s90.ASource.EXPERT_ORDER_COPY:
         # the valid rows read the slots of a random permutation (slot // top_k = token), padding row r token r % T;
         # `a` becomes the gathered copy the kernel must behave like
-        slots = int(counts.sum())
+        slots = int(layout_counts.sum())
         hidden = (torch.randn(max(1, -(-slots // top_k)), k, generator=gen) * 0.5).to(dt)
         a_rows = torch.full((max_rows,), -1, dtype=torch.int32)
-        a_rows[valid_row_mask(ro, counts, max_rows)] = torch.randperm(slots, generator=gen).to(torch.int32)
+        a_rows[valid_row_mask(ro, layout_counts, max_rows)] = torch.randperm(slots, generator=gen).to(torch.int32)
         a = hidden[torch.where(a_rows >= 0, a_rows // top_k, torch.arange(max_rows) % hidden.shape[0]).long()]
         token_rows = (hidden.cuda(), a_rows.cuda(), top_k)
     w = (torch.randn(experts, n, k, generator=gen) / k**0.5).to(dt)
@@ -526,11 +539,14 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     mask = valid_row_mask(ro, counts, max_rows)
     got, want, base = out[mask].double(), ref[mask].double(), same[mask].double()
     unwritten = int(torch.isnan(got).any(dim=1).sum())
+    # rows of the experts this launch was given 0 rows (class_masked; else none): any value there was written
+    foreign = valid_row_mask(ro, layout_counts, max_rows) & ~mask
+    foreign_written = int((~torch.isnan(out[foreign])).any(dim=1).sum())
     denom = want.norm().item() or 1.0
     err = (got - want).norm().item() / denom
     err_same = (base - want).norm().item() / denom
     bound = 2 * err_same + 1e-3
-    ok = unwritten == 0 and err <= bound and bool(torch.isfinite(got).all())
+    ok = unwritten == 0 and foreign_written == 0 and err <= bound and bool(torch.isfinite(got).all())
     # a second launch must give the same bits (a moving result is a race)
     out2 = torch.full_like(out, float("nan")).cuda()
     call(cfg, problem, a.cuda(), w_dev, ro.cuda(), counts.cuda(), None if bias is None else bias.cuda(),
@@ -538,7 +554,8 @@ def check_one(name, cfg, problem, routing, kdir, gen, dog) -> dict:
     torch.cuda.synchronize()
     stable = bool(torch.equal(out2.cpu()[mask], out[mask]))
     return {"variant": name, "routing": routing, "rows": int(counts.sum()), "err": err, "err_torch_bf16": err_same,
-            "unwritten_rows": unwritten, "repeat_identical": stable, "ok": ok and stable}
+            "unwritten_rows": unwritten, "foreign_rows_written": foreign_written, "repeat_identical": stable,
+            "ok": ok and stable}
 
 
 def run_checks(kdir, dog, only=None, routings=("random", "skewed", "zero_experts", "one_expert"),
@@ -550,10 +567,13 @@ def run_checks(kdir, dog, only=None, routings=("random", "skewed", "zero_experts
         if only and name not in only:
             continue
         for routing in routings:
+            if routing == "class_masked" and not cfg.takes_expert_subsets:
+                continue  # (a kernel the layer never gives a subset of the experts)
             r = check_one(name, cfg, problem, routing, kdir, gen, dog)
             results.append(r)
             print(f"check {name:28s} {routing:13s} rows {r['rows']:5d} err {r['err']:.2e} "
                   f"(bf16 torch {r['err_torch_bf16']:.2e}) unwritten {r['unwritten_rows']} "
+                  f"foreign {r['foreign_rows_written']} "
                   f"repeat {r['repeat_identical']} {'PASS' if r['ok'] else 'FAIL'}", flush=True)
     return results
 
@@ -672,7 +692,8 @@ def main(argv=None) -> int:
     r.add_argument("--skip-bench", action="store_true")
     r.add_argument("--only", nargs="*", default=None, help="check variants to run")
     r.add_argument("--no-pingpong", action="store_true", help="leave out the PINGPONG variants")
-    r.add_argument("--routings", nargs="*", default=["random", "skewed", "zero_experts", "one_expert"])
+    r.add_argument("--routings", nargs="*", default=["random", "skewed", "zero_experts", "one_expert"],
+                   choices=["random", "skewed", "zero_experts", "one_expert", "class_masked"])
     r.add_argument("--tokens", type=int, nargs="*", default=[16, 256, 2048, 8192])
     args = parser.parse_args(argv)
     if args.command == "build":

@@ -367,6 +367,20 @@ def test_wide_swapped_limits_and_key():
     assert s90.wide_config(s90.Sm90Problem(G2, 2888, 2880, 128, torch.bfloat16, None, True, True)) is None
 
 
+def test_which_kernels_take_expert_subsets():
+    """Expert classes give each launch a subset of the experts through the counts: the swapped-operand kernels count
+    their tiles from the counts, the regular kernel skips a unit without valid rows where each unit has one CTA and
+    COOPERATIVE consumers; PAIR, PINGPONG and the fused-tail kernels do not."""
+    Cfg = s90.Sm90GemmConfig
+    assert Cfg().takes_expert_subsets and Cfg(padding_rows=s90.PaddingRows.SKIP).takes_expert_subsets
+    assert Cfg(operands=s90.Operands.WEIGHTS_AS_M, tile_m=16, tile_n=128).takes_expert_subsets
+    assert Cfg(operands=s90.Operands.WEIGHTS_AS_M, tile_m=288, tile_n=128, token_step=32).takes_expert_subsets
+    assert not Cfg(work_unit=WorkUnit.PAIR).takes_expert_subsets
+    assert not Cfg(tile_n=128, consumers=s90.Consumers.PINGPONG).takes_expert_subsets
+    assert not Cfg(padding_rows=s90.PaddingRows.FUSE_TAIL).takes_expert_subsets
+    assert not Cfg(padding_rows=s90.PaddingRows.SPLIT_TAIL).takes_expert_subsets
+
+
 def test_expert_classes_policy_and_class_counts():
     """Three classes (160-row tile, 288-row tile, regular kernel) where the 288-row tile's rows per expert fall on more
     than WIDE288_MAX_EXPERTS experts (GEMM2 at K >= 2048); one launch elsewhere. class_counts gives every expert to
@@ -380,7 +394,7 @@ def test_expert_classes_policy_and_class_counts():
         assert [(c.config.operands, c.config.tile_m, c.config.expert_split) for c in classes[:2]] == [
             (s90.Operands.WEIGHTS_AS_M, 160, s90.ExpertSplit.EVEN), (s90.Operands.WEIGHTS_AS_M, 288, s90.ExpertSplit.EVEN)]
         assert classes[2].config == s90.default_config(problem, rows_per_expert=256)
-        assert all(s90.can_implement(c.config, problem)[0] for c in classes)
+        assert all(s90.can_implement(c.config, problem)[0] and c.config.takes_expert_subsets for c in classes)
         assert all(c.config in [cfg for cfg, p in s90.preset_configs(PRESETS["deepseek-v3"]) if p == problem]
                    for c in classes)
         for rows in (None, 100, 144, 257, 512):  # outside (144, 256]: one launch

@@ -2,7 +2,8 @@
 
 Runs on an sm_90 GPU with either the CuTe DSL (JIT) or a prebuilt bundle in $MOE2CTA_KERNEL_DIR, built with
 `python serving_bench/hopper_gemm_bench.py build --out DIR` (it holds the kernels of these variants).
-Routings: random, skewed, zero-token experts, all rows on one expert. Output poisoned with NaN first.
+Routings: random, skewed, zero-token experts, all rows on one expert, and (for the kernels that take expert subsets)
+half the experts' counts zeroed under the full layout. Output poisoned with NaN first.
 """
 from __future__ import annotations
 
@@ -52,6 +53,21 @@ def test_matches_twin(name, config, problem, routing):
     gen = torch.Generator().manual_seed(hash((name, routing)) % 2**31)
     result = bench.check_one(name, config, problem, routing, None, gen, _NoWatchdog())
     assert result["unwritten_rows"] == 0, result
+    assert result["repeat_identical"], result
+    assert result["err"] <= 2 * result["err_torch_bf16"] + 1e-3, result
+
+
+SUBSET_VARIANTS = [v for v in VARIANTS if v[1].takes_expert_subsets]
+
+
+@pytest.mark.parametrize("name,config,problem", SUBSET_VARIANTS, ids=[v[0] for v in SUBSET_VARIANTS])
+def test_a_launch_on_a_subset_of_the_experts(name, config, problem):
+    """One expert class's launch (sm90_grouped_gemm.expert_classes): half the experts given 0 rows by the counts while
+    row_offsets keeps their rows. The other half's rows match the twin, and no row of the zeroed experts is written
+    (a later class's launch writes them into the same output)."""
+    gen = torch.Generator().manual_seed(hash((name, "class_masked")) % 2**31)
+    result = bench.check_one(name, config, problem, "class_masked", None, gen, _NoWatchdog())
+    assert result["unwritten_rows"] == 0 and result["foreign_rows_written"] == 0, result
     assert result["repeat_identical"], result
     assert result["err"] <= 2 * result["err_torch_bf16"] + 1e-3, result
 
