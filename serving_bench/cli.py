@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--bandwidth-tbps", type=float, help="copy bandwidth for the floor (TB/s)")
     m.add_argument("--peak-tflops", type=float, help="bf16 matmul peak for the floor (TFLOP/s)")
     m.add_argument("--time-per-case", type=float, help="seconds of sampling per case (default 0.2 GPU, 0.05 CPU)")
+    m.add_argument("--settle-seconds", type=float, default=0.0,
+                   help="replay each case untimed for this long before its samples, so that they see the clock of a "
+                        "sustained load (default 0: samples right after the warm-up; on a power-capped H200 the first "
+                        "~0.1 s after a rest run at the boost clock)")
     m.add_argument("--max-samples", type=int, default=300)
     m.add_argument("--check-rows", type=int, default=256, help="token rows checked against the fp32 reference")
     m.add_argument("--seed", type=int, default=0)
@@ -173,12 +177,15 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
             ceilings = measure_ceilings(device)
         except Exception as exc:
             notes.append(f"measuring ceilings failed ({type(exc).__name__}: {exc}); using the defaults")
+    if not 0 <= args.settle_seconds < float("inf"):
+        raise ValueError(f"--settle-seconds: expected a finite number of seconds >= 0, got {args.settle_seconds}")
     timing = TimingConfig(
         warmup_calls=2 if on_gpu else 1,
         target_seconds=args.time_per_case or (0.2 if on_gpu else 0.05),
         max_samples=args.max_samples,
         min_samples=min(10 if on_gpu else 5, args.max_samples),
         max_rotation=8 if on_gpu else 2,  # rotation defeats the GPU's L2; on the CPU it only costs time
+        settle_seconds=args.settle_seconds,
     )
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if on_gpu else torch.float32)
     if not on_gpu and dtype is torch.float32 and not args.dtype:

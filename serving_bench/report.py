@@ -175,6 +175,9 @@ def _header_lines(bench: BenchResults) -> list[str]:
         f"router: {cfg.router.describe()}",
         f"backend order: {cfg.order.describe()}",
     ]
+    if cfg.timing.settle_seconds > 0:
+        lines.append(f"settle: each case replays untimed for {cfg.timing.settle_seconds:g} s before its samples "
+                     "(the clock of a sustained load)")
     if cfg.device.type != "cuda":
         lines.insert(0, "NOTE: no CUDA GPU: CPU run of the torch backends; times are CPU times and the floors are "
                         "those of an H200, so time/floor says nothing about GPU kernels.")

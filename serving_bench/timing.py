@@ -8,6 +8,10 @@ CUDA (the method of issue 7):
 3. replay: the graphs run round-robin, each replay between two CUDA events; a GPU sleep kernel first lets
    the host queue the replays ahead, so the events measure GPU time, not launch gaps;
 4. samples: one per replay, in microseconds; median and percentiles are taken over them.
+With `settle_seconds` the replays of step 3 first run untimed for that long, so that the samples see the clock a
+sustained load holds: on the power-capped H200 the first ~0.1 s after a rest run at the boost clock (1980 MHz, a
+forward 10% faster), then the power cap sets in (results/stop44-h200-2026-12-04). Default 0: samples start right
+after the warm-up, and a short case's samples may fall on either clock.
 Several callables (the backends of one benchmark cell) are timed in the same rounds by `time_interleaved`: round r
 replays rotated input r of every callable, in orders of a balanced Latin square (each callable first equally often,
 and after each other callable equally often), so that the card's clock drift falls on all of them alike. On a
@@ -55,8 +59,11 @@ class TimingConfig:
     target_seconds: float = 0.2  # time spent sampling one case
     max_rotation: int = 8
     rotation_bytes: int = 192 << 20  # rotated inputs together exceed this (3x a 60 MB L2)
+    settle_seconds: float = 0.0  # untimed replays before each case's samples (module docstring)
 
     def __post_init__(self):
+        if not 0 <= self.settle_seconds < float("inf"):
+            raise ValueError(f"settle_seconds: expected a finite number >= 0, got {self.settle_seconds}")
         if self.min_samples < 1 or self.max_samples < self.min_samples:
             raise ValueError(f"samples: expected 1 <= min_samples <= max_samples, got {self.min_samples}, {self.max_samples}")
         if not self.target_seconds > 0:
@@ -185,6 +192,15 @@ def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) ->
     if not runners:
         return {}
     rounds = _sample_count(float(np.mean(list(estimates.values()))), config)
+    while runners:
+        try:
+            _settle(runners, config.settle_seconds, on_cuda)
+            break
+        except _RunnerFailed as exc:
+            failed[exc.name] = exc.cause
+            del runners[exc.name]
+    if not runners:
+        return {}
     while True:
         try:
             return _sample_rounds(runners, rounds, on_cuda)
@@ -193,6 +209,23 @@ def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) ->
             del runners[exc.name]
             if not runners:
                 return {}
+
+
+def _settle(runners: dict, seconds: float, on_cuda: bool) -> None:
+    """Every runner's calls round-robin, untimed, until `seconds` of wall time have passed (0: none)."""
+    end = time.perf_counter() + seconds
+    turn = 0
+    while time.perf_counter() < end:
+        for name, calls in runners.items():
+            try:
+                calls[turn % len(calls)]()
+            except Exception as exc:
+                if on_cuda:
+                    torch.cuda.synchronize()
+                raise _RunnerFailed(name, exc) from exc
+        if on_cuda:
+            torch.cuda.synchronize()  # (the host clock then measures the device's time)
+        turn += 1
 
 
 class _RunnerFailed(Exception):

@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -240,6 +241,22 @@ def test_cpu_timing_and_rotation():
     assert rotation_count(1, config) == 4 and rotation_count(60, config) == 2 and rotation_count(1000, config) == 1
     with pytest.raises(ValueError, match="samples"):
         TimingConfig(min_samples=5, max_samples=2)
+
+
+def test_settle_replays_untimed_before_the_samples():
+    """settle_seconds: the calls run round-robin for that long before the samples (so that a power-capped GPU's
+    samples see its sustained clock); the sample count does not change."""
+    calls = []
+    plain = time_callable(lambda x: calls.append(x), [(1,), (2,)], torch.device("cpu"), FAST_TIMING)
+    plain_calls = len(calls)
+    calls.clear()
+    config = dataclasses.replace(FAST_TIMING, settle_seconds=0.05)
+    settled = time_callable(lambda x: (calls.append(x), time.sleep(0.001)), [(1,), (2,)], torch.device("cpu"), config)
+    assert FAST_TIMING.min_samples <= len(settled.samples_us) <= FAST_TIMING.max_samples
+    assert len(calls) >= plain_calls + 20 and min(calls.count(1), calls.count(2)) >= 10  # ~50 calls, both inputs
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="settle_seconds"):
+            TimingConfig(settle_seconds=bad)
 
 
 # --- trace -----------------------------------------------------------------------------------------
@@ -488,11 +505,13 @@ def test_cli_runs_on_cpu(tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["--device", "cpu", "--custom", TINY, "--tokens", "1,4", "--backends", "torch-loop,grouped-mm",
                "--routing", "balanced", "--time-per-case", "0.002", "--max-samples", "4", "--out", str(out),
-               "--progress", "off", "--no-plots"])
+               "--settle-seconds", "0.002", "--progress", "off", "--no-plots"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "No CUDA GPU" in printed and "balanced" in printed and "grouped-mm" in printed
     assert (out / "results.json").is_file() and (out / "report.md").is_file()
+    assert "settle: each case replays untimed for 0.002 s" in (out / "report.md").read_text()
+    assert json.loads((out / "results.json").read_text())["timing"]["settle_seconds"] == 0.002
     assert main(["--list", "--device", "cpu"]) == 0
     assert "deepseek-v3" in capsys.readouterr().out
 
@@ -510,6 +529,11 @@ def test_cli_default_plan_on_cpu():
         plan_from_args(build_parser().parse_args(["--device", "cpu", "--models", "llama"]))
     with pytest.raises(ValueError, match="backends"):
         plan_from_args(build_parser().parse_args(["--device", "cpu", "--backends", "vllm"]))
+    assert run.timing.settle_seconds == 0
+    settled, _ = plan_from_args(build_parser().parse_args(["--device", "cpu", "--settle-seconds", "0.5"]))
+    assert settled.timing.settle_seconds == 0.5
+    with pytest.raises(ValueError, match="--settle-seconds"):
+        plan_from_args(build_parser().parse_args(["--device", "cpu", "--settle-seconds", "-1"]))
 
 
 def test_bench_router_peer_is_the_peer_figures_routing():
@@ -581,6 +605,21 @@ def test_gpu_ceilings_and_graph_timing():
     inputs = [(torch.randn(64, 512, device="cuda", dtype=torch.bfloat16), torch.randn(64, 16, device="cuda")) for _ in range(2)]
     result = time_callable(fn, inputs, torch.device("cuda"), FAST_TIMING, GraphCapture.TRY)
     assert result.mode is TimingMode.CUDA_GRAPH, result.note
+    assert all(math.isfinite(s) and s > 0 for s in result.samples_us)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_settle_replays_the_graphs_for_its_time_first():
+    """settle_seconds on the GPU: the graphs replay untimed for that long (host clock, device synchronized), then the
+    samples are taken as without it."""
+    x = [(torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16),) for _ in range(2)]
+    config = TimingConfig(warmup_calls=1, min_samples=10, max_samples=20, target_seconds=0.02, max_rotation=2,
+                          settle_seconds=0.3)
+    start = time.perf_counter()
+    result = time_callable(lambda a: a @ a, x, torch.device("cuda"), config)
+    assert time.perf_counter() - start >= 0.3
+    assert result.mode is TimingMode.CUDA_GRAPH and 10 <= len(result.samples_us) <= 20
     assert all(math.isfinite(s) and s > 0 for s in result.samples_us)
 
 
