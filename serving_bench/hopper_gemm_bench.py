@@ -10,10 +10,10 @@ Two steps, so that the GPU host needs no CuTe DSL compiler:
 `run` checks small problems over random, skewed, zero-expert and one-expert routings for every variant
 (output poisoned with NaN first; error ||out - ref|| / ||ref|| on valid rows against an fp32 reference,
 bound 2x a same-dtype torch run's error + 1e-3; `--routings class_masked`: a launch given half the experts' counts,
-as one expert class's launch is, on the variants that take expert subsets, whose other rows must stay unwritten), then times GEMM1 / GEMM2 of model presets at a few
-token counts: CUDA-graph replay, median of many replays, inputs rotated over several copies so that L2
-holds none of them; pair vs single work units and static vs dynamic scheduler in the same run. A
-watchdog ends the process if one kernel call hangs (naming it).
+as one expert class's launch is, on the variants that take expert subsets, whose other rows must stay unwritten),
+then times GEMM1 / GEMM2 of model presets at a few token counts: CUDA-graph replay, median of many replays,
+inputs rotated over several copies so that L2 holds none of them; pair vs single work units and static vs dynamic
+scheduler in the same run. A watchdog ends the process if one kernel call hangs (naming it).
 """
 from __future__ import annotations
 
