@@ -8,7 +8,11 @@ Each RUN_DIR holds the results.json of one `python -m moe2cta.serving_bench --mo
 combined JSON has one entry per (model, tokens, backend): floor, median, error, status, time / floor and the
 phase (decode T <= 512, prefill T >= 2048, as the targets define them). The Markdown gives per backend the
 geometric means of time / floor over the decode and prefill cells and the worst cell, and per cell the medians,
-beside those of a previous combined run when one is given. Only cells whose status is ok count.
+beside those of a previous combined run when one is given. Only cells whose status is ok count. A prefill cell whose
+samples spread (p90 / p10 above SPREAD_MARK) is marked `~`: on the power-capped H200 such a case's samples fell on two
+clock levels (the boost clock of the first ~0.1 s after a rest, then the capped one; results/stop44-h200-2026-12-04),
+and its median is whichever level had more samples. Decode cells are not marked: their rotated inputs hit different
+numbers of experts, so their samples differ by design.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import pathlib
 
 DECODE_MAX_TOKENS = 512
 PREFILL_MIN_TOKENS = 2048
+SPREAD_MARK = 1.04  # p90 / p10 of a cell's samples above which its median is marked `~`
 
 
 def phase_of(tokens: int) -> str:
@@ -36,7 +41,8 @@ def load_cells(run_dirs) -> list[dict]:
             ratio = r["median_us"] / r["floor_us"] if r.get("median_us") and r.get("floor_us") else None
             cells.append({"model": r["model"], "tokens": int(r["tokens"]), "backend": r["backend"],
                           "floor_us": r.get("floor_us"), "median_us": r.get("median_us"), "rel_err": r.get("rel_err"),
-                          "status": r["status"], "ratio": ratio, "phase": phase_of(int(r["tokens"]))})
+                          "status": r["status"], "ratio": ratio, "phase": phase_of(int(r["tokens"])),
+                          "p10_us": r.get("p10_us"), "p90_us": r.get("p90_us")})
     return cells
 
 
@@ -56,6 +62,17 @@ def summary(cells: list[dict]) -> dict:
                         "prefill": geomean([c for c in ok if c["phase"] == "prefill"]),
                         "all": geomean(ok), "worst": (worst["ratio"], worst["model"], worst["tokens"])}
     return out
+
+
+def spread(cell: dict) -> float | None:
+    """p90 / p10 of a cell's samples (None where the run did not record them)."""
+    return cell["p90_us"] / cell["p10_us"] if cell.get("p10_us") and cell.get("p90_us") else None
+
+
+def marked(cell: dict) -> bool:
+    """A timed prefill cell whose samples spread (module docstring)."""
+    return cell["status"] == "ok" and bool(cell["ratio"]) and cell["phase"] == "prefill" and (
+        spread(cell) or 1.0) > SPREAD_MARK
 
 
 def _fmt(x, spec=".3f") -> str:
@@ -87,10 +104,15 @@ def markdown(run: str, cells: list[dict], previous: list[dict] | None = None) ->
         for b in backends:
             c = by_cell.get((model, tokens, b))
             ok = c is not None and c["status"] == "ok" and c["ratio"]
-            row += f" {c['median_us']:.1f} ({c['ratio']:.2f}x) |" if ok else f" {c['status'] if c else '-'} |"
+            mark = "~" if ok and marked(c) else ""
+            row += f" {c['median_us']:.1f} ({c['ratio']:.2f}x){mark} |" if ok else f" {c['status'] if c else '-'} |"
         if previous:
             row += " " + " / ".join(_fmt((old.get((model, tokens, b)) or {}).get("median_us"), ".1f") for b in backends) + " |"
         lines.append(row)
+    count = sum(1 for c in cells if marked(c))
+    if count:
+        lines += ["", f"`~`: {count} prefill cells whose samples spread, p90 / p10 above {SPREAD_MARK} (two clock levels "
+                      "in one case: the median is the level with more samples)."]
     return "\n".join(lines) + "\n"
 
 

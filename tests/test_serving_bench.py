@@ -949,7 +949,8 @@ def test_layer_runs_combines_per_model_runs(tmp_path):
         d = tmp_path / name
         d.mkdir()
         (d / "results.json").write_text(json.dumps({"results": [
-            {"model": m, "tokens": t, "backend": b, "floor_us": 10.0, "median_us": us, "rel_err": 1e-3, "status": st}
+            {"model": m, "tokens": t, "backend": b, "floor_us": 10.0, "median_us": us, "rel_err": 1e-3, "status": st,
+             "p10_us": us * 0.99, "p90_us": us * (1.1 if t in (1, 8192) else 1.01)}  # decode: never marked
             for m, t, b, us, st in cells]}))
         return d
 
@@ -970,6 +971,8 @@ def test_layer_runs_combines_per_model_runs(tmp_path):
     md = out_md.read_text()
     assert "# Full layer, run vX" in md and "| m1 | 1 | 10.0 | 11.0 (1.10x) | 12.5 |" in md
     assert "| m2 | 32 | 10.0 | error | - |" in md and "1.250 / - / 1.25" in md  # not timed; the previous run
+    assert "| m2 | 8192 | 10.0 | 15.0 (1.50x)~ |" in md and "`~`: 1 prefill cells whose samples spread" in md
+    assert layer_runs.spread(cells[1]) == pytest.approx(1.01 / 0.99) and not layer_runs.marked(cells[0])
     with pytest.raises(ValueError, match="run_dirs: .*results.json does not exist"):
         layer_runs.load_cells([tmp_path / "missing"])
 
