@@ -147,14 +147,18 @@ pool-tests)  # GEMM graphs sharing a memory pool with other graphs, DYNAMIC laun
 bench-tests)  # the serving benchmark's GPU tests (graph timing, interleaved timing)
     step bench-tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests/test_serving_bench.py" ;;
 layer-ab)  # the layer's prefill cells under two code versions on one machine: the installed wheel with $kdir, and
-    # AB_OLD_WHEEL (a wheel directory) with AB_OLD_KERNELS, in the order old, new, old (the repeat shows the drift)
+    # AB_OLD_WHEEL (a wheel directory) with AB_OLD_KERNELS, in the order old, new, old (the repeat shows the drift);
+    # each case settles for AB_SETTLE seconds first (sustained medians repeat about twice as well: stop 45; AB_SETTLE=0
+    # leaves the option out, for wheels older than stop 44's)
+    settle_args=(); [ "${AB_SETTLE:-0.5}" != 0 ] && settle_args=(--settle-seconds "${AB_SETTLE:-0.5}")
     for v in old new old2; do
         site=/tmp/moe2cta-site-$v wheel=$repo/.whl kernels=$kdir
         [ "$v" != new ] && wheel=$repo/$AB_OLD_WHEEL kernels=$repo/$AB_OLD_KERNELS
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel"/moe2cta-*.whl
         PYTHONPATH=$site:$PYTHONPATH MOE2CTA_KERNEL_DIR=$kernels TAIL=3 step "layer-ab-$v" 250 python3 -m moe2cta.serving_bench \
             --models "${AB_MODELS:-mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,gpt-oss-120b}" \
-            --tokens "${AB_TOKENS:-2048,8192,32768}" --backends auto,triton --time-per-case 0.05 --out "$out/layer-ab-$v" \
+            --tokens "${AB_TOKENS:-2048,8192,32768}" --backends auto,triton --time-per-case 0.05 \
+            "${settle_args[@]}" --out "$out/layer-ab-$v" \
             --progress off --no-plots
     done ;;
 layer-decode)  # decode cells of the three models with the smallest floors at T=1
