@@ -24,6 +24,7 @@ __all__ = [
     "W13Layout",
     "apply_activation",
     "epilogue_name",
+    "gated_activation",
     "pack_gate_up_rows",
     "parse_epilogue_name",
     "unpack_gate_up_rows",
@@ -90,8 +91,12 @@ def parse_epilogue_name(name: str) -> "tuple[GemmStage, Activation | None, bool,
 
 def apply_activation(gate: torch.Tensor, up: torch.Tensor, activation: Activation) -> torch.Tensor:
     """fp32 twin of the fused epilogue. gate and up have the same shape; returns fp32."""
-    gate = gate.float()
-    up = up.float()
+    return gated_activation(gate.float(), up.float(), activation)
+
+
+def gated_activation(gate: torch.Tensor, up: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """The gated activation as torch ops in gate's and up's own dtype (each op rounds to it). gate and up have the
+    same shape and dtype."""
     if activation is Activation.SWIGLU:
         return torch.nn.functional.silu(gate) * up
     if activation is Activation.GELU_GATED:

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from moe2cta.grouped_gemm import Activation, apply_activation
-from moe2cta.grouped_gemm.epilogue import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from moe2cta.grouped_gemm.epilogue import gated_activation
 from moe2cta.presets import ModelPreset
 from moe2cta.router import Scoring
 
@@ -166,19 +166,6 @@ def _grouped_mm_supports(preset: ModelPreset, weights: ExpertWeights) -> tuple[b
     return True, ""
 
 
-def _activation_in_dtype(gate: torch.Tensor, up: torch.Tensor, activation: Activation) -> torch.Tensor:
-    """The gated activation as plain torch ops in the tensors' own dtype (each op rounds), as a torch user writes it."""
-    if activation is Activation.SWIGLU:
-        return torch.nn.functional.silu(gate) * up
-    if activation is Activation.GELU_GATED:
-        return torch.nn.functional.gelu(gate) * up
-    if activation is Activation.SWIGLU_OAI:
-        gate = gate.clamp(max=SWIGLU_OAI_LIMIT)
-        up = up.clamp(min=-SWIGLU_OAI_LIMIT, max=SWIGLU_OAI_LIMIT)
-        return (up + 1.0) * (gate * torch.sigmoid(SWIGLU_OAI_ALPHA * gate))
-    raise ValueError(f"activation: unknown {activation!r}")
-
-
 def _build_grouped_mm(preset: ModelPreset, weights: ExpertWeights):
     """The layer as a torch user writes it around torch._grouped_mm: a stable sort of the slots by expert, one
     gather, the two grouped GEMMs with the activation (and biases) as torch ops in the weights' dtype between them,
@@ -203,7 +190,7 @@ def _build_grouped_mm(preset: ModelPreset, weights: ExpertWeights):
         h = torch._grouped_mm(a1, w13_t, offs=offs)
         if b13 is not None:
             h += b13.index_select(0, sorted_ids)
-        a2 = _activation_in_dtype(h[:, :inter], h[:, inter:], activation)
+        a2 = gated_activation(h[:, :inter], h[:, inter:], activation)  # torch ops in bf16
         y = torch._grouped_mm(a2, w2_t, offs=offs)
         if b2 is not None:
             y += b2.index_select(0, sorted_ids)

@@ -18,7 +18,8 @@ import triton
 import torch
 
 from moe2cta.grouped_gemm import Activation, GemmStage, grouped_gemm1_reference, grouped_gemm2_reference
-from moe2cta.grouped_gemm.epilogue import W13Layout, pack_gate_up_rows, unpack_gate_up_rows
+from moe2cta.grouped_gemm.epilogue import (W13Layout, apply_activation, gated_activation, pack_gate_up_rows,
+                                           unpack_gate_up_rows)
 from moe2cta.grouped_gemm import triton_grouped_gemm as tg
 from moe2cta.grouped_gemm.triton_grouped_gemm import (
     DEFAULT_TILE_HEIGHTS,
@@ -373,6 +374,22 @@ def test_pack_gate_up_rows_layout():
         pack_gate_up_rows(torch.zeros(1, 24, 4))
     with pytest.raises(TypeError, match="w13"):
         pack_gate_up_rows(torch.zeros(4))
+
+
+@pytest.mark.parametrize("activation", list(Activation))
+def test_gated_activation_keeps_the_dtype_and_apply_activation_is_its_fp32_form(activation):
+    """gated_activation computes in its inputs' dtype (the grouped-mm peer's bf16 ops); apply_activation is the same
+    function on fp32 copies. Values past the gpt-oss clamp limits are included."""
+    gate, up = (6 * torch.randn(2, 64, 96)).to(torch.bfloat16).unbind(0)
+    exact = apply_activation(gate, up, activation)
+    assert exact.dtype == torch.float32
+    assert torch.equal(exact, gated_activation(gate.float(), up.float(), activation))
+    low = gated_activation(gate, up, activation)
+    assert low.dtype == torch.bfloat16
+    err = float((low.float() - exact).norm() / exact.norm())
+    assert 0 < err < 1e-2, err  # a few bf16 roundings, not another function
+    with pytest.raises(ValueError, match="activation"):
+        gated_activation(gate, up, "swiglu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

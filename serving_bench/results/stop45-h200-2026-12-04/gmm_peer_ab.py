@@ -10,6 +10,7 @@ import sys
 import torch
 
 from moe2cta.grouped_gemm import apply_activation
+from moe2cta.grouped_gemm.epilogue import gated_activation
 from moe2cta.serving_bench import backends as B
 from moe2cta.serving_bench.cli import main
 
@@ -59,7 +60,7 @@ def _build_mul_sum_combine(preset, weights):
         h = torch._grouped_mm(hidden.index_select(0, order // k), w13_t, offs=offs)
         if b13 is not None:
             h += b13.index_select(0, sorted_ids)
-        a2 = B._activation_in_dtype(h[:, :inter], h[:, inter:], preset.activation)
+        a2 = gated_activation(h[:, :inter], h[:, inter:], preset.activation)
         y = torch._grouped_mm(a2, w2_t, offs=offs)
         if b2 is not None:
             y += b2.index_select(0, sorted_ids)
