@@ -3,6 +3,9 @@
 benchmark backends and runs the serving benchmark on them, so every form passes the same fp32 check and timing.
 
     python gmm_peer_ab.py --out DIR [serving-bench arguments...]
+
+(As run in call 1 the multiply + sum form called backends._activation_in_dtype, since moved unchanged into
+epilogue.gated_activation.)
 """
 import dataclasses
 import sys
