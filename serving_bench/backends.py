@@ -171,7 +171,7 @@ def _build_grouped_mm(preset: ModelPreset, weights: ExpertWeights):
     gather, the two grouped GEMMs with the activation (and biases) as torch ops in the weights' dtype between them,
     the rows put back in slot order, and the combine as one batched [1, k] x [k, H] product per token (cuBLAS, fp32
     accumulation, router weights rounded to the weights' dtype). Until stop 45 this peer ran the activation and the
-    combine in fp32 (an fp32 copy of every expert row, index_add_ into an fp32 output): 1.2-1.7x this time at prefill."""
+    combine in fp32 (an fp32 copy of every expert row, index_add_ into an fp32 output): 1.2-1.6x this time at prefill."""
     w13_t = weights.w13.transpose(-2, -1)  # [E, H, 2I], column-major per expert: a view, no copy
     w2_t = weights.w2.transpose(-2, -1)  # [E, I, H]
     b13, b2 = weights.b13, weights.b2
