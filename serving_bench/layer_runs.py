@@ -12,7 +12,8 @@ beside those of a previous combined run when one is given. Only cells whose stat
 samples spread (p90 / p10 above SPREAD_MARK) is marked `~`: on the power-capped H200 such a case's samples fell on two
 clock levels (the boost clock of the first ~0.1 s after a rest, then the capped one; results/stop44-h200-2026-12-04),
 and its median is whichever level had more samples. Decode cells are not marked: their rotated inputs hit different
-numbers of experts, so their samples differ by design.
+numbers of experts, so their samples differ by design. Both outputs also say how the runs were timed (settling, sampling
+time, backend order, router) and what each backend is, as the per-model results.json files recorded it.
 """
 from __future__ import annotations
 
@@ -44,6 +45,40 @@ def load_cells(run_dirs) -> list[dict]:
                           "status": r["status"], "ratio": ratio, "phase": phase_of(int(r["tokens"])),
                           "p10_us": r.get("p10_us"), "p90_us": r.get("p90_us")})
     return cells
+
+
+def load_conditions(run_dirs) -> dict:
+    """How the runs under run_dirs were timed and what their backends are, from each results.json: {"settle_seconds",
+    "target_seconds", "backend_order", "router": the distinct values, in order; "backends": {name: description}}.
+    Entries a results.json lacks (runs older than the field) are left out."""
+    timing_keys = ("settle_seconds", "target_seconds")
+    out = {key: [] for key in (*timing_keys, "backend_order", "router")}
+    out["backends"] = {}
+    for run_dir in run_dirs:
+        run = json.loads((pathlib.Path(run_dir) / "results.json").read_text())
+        values = {key: (run.get("timing") or {}).get(key) for key in timing_keys}
+        values.update(backend_order=run.get("backend_order"), router=run.get("router"))
+        for key, value in values.items():
+            if value is not None and value not in out[key]:
+                out[key].append(value)
+        for name, spec in (run.get("backends") or {}).items():
+            if spec.get("description"):
+                out["backends"].setdefault(name, spec["description"])
+    return out
+
+
+def conditions_lines(conditions: dict) -> list[str]:
+    """Markdown lines for load_conditions' result (none for what no run recorded)."""
+    def values(key, unit=""):
+        return " / ".join(f"{v}{unit}" for v in conditions.get(key, []))
+
+    timing = [f"{label} {values(key, unit)}" for label, key, unit in (
+        ("settle before each case's samples:", "settle_seconds", " s"), ("samples per case:", "target_seconds", " s"),
+        ("backend order:", "backend_order", ""), ("router:", "router", "")) if conditions.get(key)]
+    lines = [f"- timing: {'; '.join(timing)}"] if timing else []
+    if conditions.get("backends"):
+        lines.append("- backends: " + "; ".join(f"`{n}` = {d}" for n, d in conditions["backends"].items()))
+    return lines
 
 
 def summary(cells: list[dict]) -> dict:
@@ -79,10 +114,11 @@ def _fmt(x, spec=".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def markdown(run: str, cells: list[dict], previous: list[dict] | None = None) -> str:
+def markdown(run: str, cells: list[dict], previous: list[dict] | None = None, conditions: dict | None = None) -> str:
     now = summary(cells)
     before = summary(previous) if previous else {}
-    lines = [f"# Full layer, run {run}", "", "| backend | decode T<=512 | prefill T>=2048 | all | worst cell |"
+    head = conditions_lines(conditions or {})
+    lines = [f"# Full layer, run {run}", "", *head, *([""] if head else []), "| backend | decode T<=512 | prefill T>=2048 | all | worst cell |"
              + (" previous decode / prefill / worst |" if before else ""),
              "|---|---|---|---|---|" + ("---|" if before else "")]
     for backend, s in now.items():
@@ -126,9 +162,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="NVIDIA H200")
     args = parser.parse_args(argv)
     cells = load_cells(args.run_dirs)
+    conditions = load_conditions(args.run_dirs)
     previous = json.loads(pathlib.Path(args.previous).read_text())["results"] if args.previous else None
-    pathlib.Path(args.json).write_text(json.dumps({"run": args.run, "device": args.device, "results": cells}, indent=1))
-    pathlib.Path(args.md).write_text(markdown(args.run, cells, previous))
+    pathlib.Path(args.json).write_text(json.dumps({"run": args.run, "device": args.device, "conditions": conditions,
+                                                   "results": cells}, indent=1))
+    pathlib.Path(args.md).write_text(markdown(args.run, cells, previous, conditions))
     for backend, s in summary(cells).items():
         print(f"{backend:12s} decode {_fmt(s['decode'])} prefill {_fmt(s['prefill'])} worst {s['worst'][0]:.2f} "
               f"({s['worst'][1]} T={s['worst'][2]})")

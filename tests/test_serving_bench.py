@@ -950,16 +950,18 @@ def test_layer_runs_combines_per_model_runs(tmp_path):
     worst cell, and the previous run's medians beside."""
     from moe2cta.serving_bench import layer_runs
 
-    def run(name, cells):
+    def run(name, cells, **fields):
         d = tmp_path / name
         d.mkdir()
-        (d / "results.json").write_text(json.dumps({"results": [
+        (d / "results.json").write_text(json.dumps({**fields, "results": [
             {"model": m, "tokens": t, "backend": b, "floor_us": 10.0, "median_us": us, "rel_err": 1e-3, "status": st,
              "p10_us": us * 0.99, "p90_us": us * (1.1 if t in (1, 8192) else 1.01)}  # decode: never marked
             for m, t, b, us, st in cells]}))
         return d
 
-    a = run("a", [("m1", 1, "auto", 11.0, "ok"), ("m1", 2048, "auto", 20.0, "ok"), ("m1", 1024, "auto", 99.0, "ok")])
+    a = run("a", [("m1", 1, "auto", 11.0, "ok"), ("m1", 2048, "auto", 20.0, "ok"), ("m1", 1024, "auto", 99.0, "ok")],
+            timing={"settle_seconds": 0.5, "target_seconds": 0.05}, backend_order="sequential", router="model",
+            backends={"auto": {"description": "the AUTO layer"}})
     b = run("b", [("m2", 1, "auto", 14.0, "ok"), ("m2", 8192, "auto", 15.0, "ok"), ("m2", 32, "auto", 500.0, "error")])
     prev = tmp_path / "prev.json"
     prev.write_text(json.dumps({"results": [{"model": "m1", "tokens": 1, "backend": "auto", "floor_us": 10.0,
@@ -975,6 +977,10 @@ def test_layer_runs_combines_per_model_runs(tmp_path):
     assert s["worst"] == (pytest.approx(9.9), "m1", 1024)
     md = out_md.read_text()
     assert "# Full layer, run vX" in md and "| m1 | 1 | 10.0 | 11.0 (1.10x) | 12.5 |" in md
+    # how the runs were timed, from the runs that recorded it (b, an older run, did not)
+    assert json.loads(out_json.read_text())["conditions"]["settle_seconds"] == [0.5]
+    assert ("- timing: settle before each case's samples: 0.5 s; samples per case: 0.05 s; backend order: sequential; "
+            "router: model") in md and "- backends: `auto` = the AUTO layer" in md
     assert "| m2 | 32 | 10.0 | error | - |" in md and "1.250 / - / 1.25" in md  # not timed; the previous run
     assert "| m2 | 8192 | 10.0 | 15.0 (1.50x)~ |" in md and "`~`: 1 prefill cells whose samples spread" in md
     assert layer_runs.spread(cells[1]) == pytest.approx(1.01 / 0.99) and not layer_runs.marked(cells[0])
