@@ -118,7 +118,8 @@ def markdown(run: str, cells: list[dict], previous: list[dict] | None = None, co
     now = summary(cells)
     before = summary(previous) if previous else {}
     head = conditions_lines(conditions or {})
-    lines = [f"# Full layer, run {run}", "", *head, *([""] if head else []), "| backend | decode T<=512 | prefill T>=2048 | all | worst cell |"
+    lines = [f"# Full layer, run {run}", "", *head, *([""] if head else []),
+             "| backend | decode T<=512 | prefill T>=2048 | all | worst cell |"
              + (" previous decode / prefill / worst |" if before else ""),
              "|---|---|---|---|---|" + ("---|" if before else "")]
     for backend, s in now.items():
