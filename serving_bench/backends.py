@@ -17,6 +17,11 @@ sm_90 / sm_100), auto (Backend.AUTO); cute-gathered / cute-token-rows (Backend.C
 TOKEN_ROWS: GEMM1 on a gathered copy / on the token rows wherever it can, the two sides of the AUTO choice);
 cute-tuned (Backend.CUTE with the tuning cache `moe2cta tune run` wrote: $MOE2CTA_TUNING_CACHE, else
 ~/.cache/moe2cta/tuning.json, resolved when the backend is checked and built, never at import).
+Ceiling (not a MoE layer): dense-ceiling, the two dense cuBLAS matmuls of the grouped GEMMs' total shape, [T*k, H] x
+[H, 2I] and [T*k, I] x [I, H], on one expert's weights and fixed random activations: what a grouped GEMM cannot beat
+(the peer figures' "dense speed of light"), timed in the same run and under the same clock as the layers. The runner
+times it only where the cell's floor is compute-bound (elsewhere the floor is the weights' bytes, which one expert's
+weights do not stream) and skips the correctness check (its output is not the layer's).
 """
 from __future__ import annotations
 
@@ -53,6 +58,8 @@ class BackendFamily(enum.Enum):
     PEER = "peer"
     OURS = "moe2cta"  # the targets apply
     REFERENCE = "moe2cta reference"  # moe2cta's torch twins: correct, not meant to be fast
+    # not a MoE layer: a bound to compare the layers with (compute-bound cells only, no correctness check)
+    CEILING = "ceiling"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +204,34 @@ def _build_grouped_mm(preset: ModelPreset, weights: ExpertWeights):
         y_slots = torch.empty_like(y).index_copy_(0, order, y)  # row t * k + j: token t's slot j
         out = torch.bmm(topk_weights.to(y.dtype).unsqueeze(1), y_slots.view(num_tokens, k, -1))
         return out.view(num_tokens, -1)
+
+    return forward
+
+
+# --- dense ceiling ---------------------------------------------------------------------------------
+
+
+def _build_dense_ceiling(preset: ModelPreset, weights: ExpertWeights):
+    """The dense matmuls of the layer's total GEMM shape (module docstring). The activations are made on the first call
+    for a token count (before the timing's graph capture: its warm-up calls come first) and kept for the calls with
+    that count; N(0, 1), never zeros, since on a power-capped card the data moves the clock."""
+    w13_t = weights.w13[0].transpose(0, 1)  # [H, 2I] of expert 0, K-major as the grouped GEMMs read it
+    w2_t = weights.w2[0].transpose(0, 1)  # [I, H]
+    k, hidden_size, inter = preset.top_k, preset.hidden, preset.intermediate
+    held: dict = {}
+
+    def forward(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        rows = hidden.shape[0] * k
+        if held.get("rows") != rows:
+            held.clear()
+            gen = torch.Generator(device=hidden.device).manual_seed(rows)
+            make = dict(generator=gen, device=hidden.device, dtype=hidden.dtype)
+            held.update(rows=rows, a1=torch.randn(rows, hidden_size, **make), a2=torch.randn(rows, inter, **make),
+                        h=torch.empty(rows, 2 * inter, device=hidden.device, dtype=hidden.dtype),
+                        y=torch.empty(rows, hidden_size, device=hidden.device, dtype=hidden.dtype))
+        torch.mm(held["a1"], w13_t, out=held["h"])
+        torch.mm(held["a2"], w2_t, out=held["y"])
+        return held["y"]
 
     return forward
 
@@ -384,6 +419,15 @@ BACKENDS: dict[str, BackendSpec] = {
             _build_grouped_mm,
             _grouped_mm_supports,
         ),
+        BackendSpec(
+            "dense-ceiling",
+            BackendFamily.CEILING,
+            "dense cuBLAS matmuls of the grouped GEMMs' total shape ([T*k, H] x [H, 2I], [T*k, I] x [I, H]), "
+            "compute-bound cells only; not a MoE layer",
+            GraphCapture.TRY,
+            _ok,
+            _build_dense_ceiling,
+        ),
         _ours("moe2cta-torch", "TORCH", "moe2cta.MoELayer, Backend.TORCH (torch twins; reads ids on the host)",
               needs_cuda=False, capture=GraphCapture.NEVER, family=BackendFamily.REFERENCE),
         _ours("triton", "TRITON", "moe2cta.MoELayer, Backend.TRITON", needs_cuda=True),
@@ -415,7 +459,7 @@ BACKENDS: dict[str, BackendSpec] = {
     )
 }
 
-DEFAULT_GPU_BACKENDS = ("torch-loop", "grouped-mm", "triton", "cute", "flashinfer")
+DEFAULT_GPU_BACKENDS = ("torch-loop", "grouped-mm", "triton", "cute", "flashinfer", "dense-ceiling")
 DEFAULT_CPU_BACKENDS = ("torch-loop", "grouped-mm", "moe2cta-torch")
 
 

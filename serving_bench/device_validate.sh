@@ -134,7 +134,7 @@ layer-full)  # the full grid (5 models x T in 1..32768), one invocation per mode
     # (LAYER_SETTLE=S: each case replays untimed for S seconds first, so that its samples see the sustained clock)
     for m in ${LAYER_MODELS:-mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b}; do
         TAIL=3 step "layer-${LAYER_TAG:-}$m" 170 python3 -m moe2cta.serving_bench --models "$m" --full \
-            --backends "${LAYER_BACKENDS:-auto,triton,cute,grouped-mm}" --order "${LAYER_ORDER:-sequential}" \
+            --backends "${LAYER_BACKENDS:-auto,triton,cute,grouped-mm,dense-ceiling}" --order "${LAYER_ORDER:-sequential}" \
             --time-per-case 0.05 --settle-seconds "${LAYER_SETTLE:-0}" --out "$out/layer-${LAYER_TAG:-}$m" --progress off --no-plots
     done ;;
 layer-orders)  # the full grid per LAYER_ORDERS entry TAG:ORDER (default: interleaved, then one backend at a time)

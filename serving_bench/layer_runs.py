@@ -13,7 +13,9 @@ samples spread (p90 / p10 above SPREAD_MARK) is marked `~`: on the power-capped 
 clock levels (the boost clock of the first ~0.1 s after a rest, then the capped one; results/stop44-h200-2026-12-04),
 and its median is whichever level had more samples. Decode cells are not marked: their rotated inputs hit different
 numbers of experts, so their samples differ by design. Both outputs also say how the runs were timed (settling, sampling
-time, backend order, router) and what each backend is, as the per-model results.json files recorded it.
+time, backend order, router) and what each backend is, as the per-model results.json files recorded it. Where a run
+timed a ceiling (the `dense-ceiling` backend: the dense matmuls of each compute-bound cell's GEMM shape), the Markdown
+ends with each layer's time over the ceiling's, cell by cell, with the SM clock each case's samples ran at.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import pathlib
 DECODE_MAX_TOKENS = 512
 PREFILL_MIN_TOKENS = 2048
 SPREAD_MARK = 1.04  # p90 / p10 of a cell's samples above which its median is marked `~`
+CEILING_FAMILY = "ceiling"  # backends.BackendFamily.CEILING's value (this module reads JSON only)
 
 
 def phase_of(tokens: int) -> str:
@@ -43,7 +46,8 @@ def load_cells(run_dirs) -> list[dict]:
             cells.append({"model": r["model"], "tokens": int(r["tokens"]), "backend": r["backend"],
                           "floor_us": r.get("floor_us"), "median_us": r.get("median_us"), "rel_err": r.get("rel_err"),
                           "status": r["status"], "ratio": ratio, "phase": phase_of(int(r["tokens"])),
-                          "p10_us": r.get("p10_us"), "p90_us": r.get("p90_us")})
+                          "p10_us": r.get("p10_us"), "p90_us": r.get("p90_us"), "family": r.get("family"),
+                          "sm_mhz": r.get("sm_mhz"), "power_w": r.get("power_w")})
     return cells
 
 
@@ -150,7 +154,49 @@ def markdown(run: str, cells: list[dict], previous: list[dict] | None = None, co
     if count:
         lines += ["", f"`~`: {count} prefill cells whose samples spread, p90 / p10 above {SPREAD_MARK} (two clock levels "
                       "in one case: the median is the level with more samples)."]
+    lines += ceiling_lines(cells)
     return "\n".join(lines) + "\n"
+
+
+def ceiling_lines(cells: list[dict]) -> list[str]:
+    """Markdown: each layer's time over the dense ceiling's (backends.py: the dense matmuls of the same GEMM shape,
+    same run) in every cell where both were timed, with the SM clock each ran at, and the geomeans; [] without a
+    ceiling in the run."""
+    ok = {(c["model"], c["tokens"], c["backend"]): c for c in cells if c["status"] == "ok" and c["median_us"]}
+    ceilings = [c for c in ok.values() if c.get("family") == CEILING_FAMILY]
+    if not ceilings:
+        return []
+    layers = [b for b in dict.fromkeys(c["backend"] for c in cells)
+              if not any(c.get("family") == CEILING_FAMILY for c in cells if c["backend"] == b)]
+
+    def mhz(c):
+        return "-" if c is None or c.get("sm_mhz") is None else f"{c['sm_mhz']:.0f}"
+
+    lines = ["", "Against the dense ceiling (the dense cuBLAS matmuls of each cell's total GEMM shape, same run; where "
+             "the floor is compute-bound): time / ceiling time, and the median SM clock in MHz while each case's "
+             "samples ran.", "",
+             "| model | T | ceiling us (x floor) @ MHz | " + " | ".join(f"{b} / ceiling @ MHz" for b in layers) + " |",
+             "|---|---|---|" + "---|" * len(layers)]
+    logs = {b: [] for b in layers}
+    for ceil in ceilings:
+        row = (f"| {ceil['model']} | {ceil['tokens']} | {ceil['median_us']:.1f} ({ceil['ratio']:.2f}x) @ {mhz(ceil)} |")
+        for b in layers:
+            c = ok.get((ceil["model"], ceil["tokens"], b))
+            if c is None:
+                row += " - |"
+                continue
+            over = c["median_us"] / ceil["median_us"]
+            logs[b].append(math.log(over))
+            row += f" {over:.3f} @ {mhz(c)} |"
+        lines.append(row)
+    lines.append(f"| geomean | {len(ceilings)} cells | {_fmt(_geomean_ratio(ceilings))}x floor | "
+                 + " | ".join(_fmt(math.exp(sum(v) / len(v)) if v else None) for v in logs.values()) + " |")
+    return lines
+
+
+def _geomean_ratio(cells: list[dict]) -> float | None:
+    ratios = [c["ratio"] for c in cells if c.get("ratio")]
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
 
 
 def main(argv=None) -> int:

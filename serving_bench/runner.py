@@ -3,7 +3,8 @@
 For each model: weights are made once (one copy). Every case's inputs are made once and shared by all
 backends: rotated (hidden, router logits) pairs, the routing of each (benchmark twin) for the floor, and
 the fp32 reference rows of the first pair. Then the backends are built (each may prepack) and run on every
-case: correctness first (a wrong backend is reported and not timed), then the timing.
+case: correctness first (a wrong backend is reported and not timed), then the timing. A ceiling
+(BackendFamily.CEILING: not a layer) is not checked, and is timed only where the cell's floor is compute-bound.
 
 BackendOrder says how the backends share the card:
 - SEQUENTIAL (default): one backend at a time over every case, freed before the next. Each backend's replays run
@@ -37,7 +38,7 @@ import torch
 
 from moe2cta.presets import ModelPreset
 
-from .backends import BACKENDS, ExpertWeights, make_expert_weights
+from .backends import BACKENDS, BackendFamily, ExpertWeights, make_expert_weights
 from .correctness import CheckStatus, ReferenceRows, check_output, make_reference
 from .distributions import BenchRouter, LoadSummary, RoutingDistribution, make_router_logits, summarize_load
 from .floors import TARGETS, Ceilings, moe_floor
@@ -103,6 +104,8 @@ class CaseResult:
     samples_us: tuple[float, ...] = ()
     build_note: str = ""  # e.g. MoELayer.backend_reason: which backend AUTO chose and why
     timed_with: tuple[str, ...] = ()  # the backends timed in the same rounds (this one included)
+    sm_mhz: float | None = None  # median SM clock while the samples ran (timing.ClockReading; shared by timed_with)
+    power_w: float | None = None  # median board power over the same window
 
     @property
     def ratio(self) -> float | None:
@@ -304,6 +307,13 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
         if fn is None:
             results[name] = CaseResult(**base, status=status, reason=reason)
             continue
+        if spec.family is BackendFamily.CEILING:  # a bound, not the layer: no check (backends.py)
+            if case.floor_bound == "compute":
+                passed[name] = (fn, None, base)
+            else:
+                results[name] = CaseResult(**base, status=CaseStatus.UNSUPPORTED,
+                                           reason="a compute ceiling; this cell's floor is memory-bound")
+            continue
         try:
             failed, verdict = _check(fn, spec, preset, case, run, base)
         except _DeviceLost as exc:
@@ -329,7 +339,9 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
             if lost is None and not _cuda_alive(run.device):
                 lost = f"{name} on {preset.name} T={case.tokens}: {_short(timing)}"
             results[name] = CaseResult(**base, status=CaseStatus.ERROR, reason=f"timing raised {_short(timing)}",
-                                       rel_err=verdict.rel_err, tolerance=verdict.tolerance, timed_with=timed_with)
+                                       rel_err=None if verdict is None else verdict.rel_err,
+                                       tolerance=None if verdict is None else verdict.tolerance,
+                                       timed_with=timed_with)
             continue
         results[name] = CaseResult(
             **base,
@@ -342,10 +354,12 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
             mean_us=timing.mean_us,
             timing_mode=timing.mode.value,
             timing_note=timing.note,
-            rel_err=verdict.rel_err,
-            tolerance=verdict.tolerance,
+            rel_err=None if verdict is None else verdict.rel_err,
+            tolerance=None if verdict is None else verdict.tolerance,
             samples_us=timing.samples_us,
             timed_with=timed_with,
+            sm_mhz=None if timing.clock is None else timing.clock.sm_mhz,
+            power_w=None if timing.clock is None else timing.clock.power_w,
         )
     ordered = [results[n] for n in group]
     if lost is not None:

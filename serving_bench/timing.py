@@ -8,6 +8,10 @@ CUDA (the method of issue 7):
 3. replay: the graphs run round-robin, each replay between two CUDA events; a GPU sleep kernel first lets
    the host queue the replays ahead, so the events measure GPU time, not launch gaps;
 4. samples: one per replay, in microseconds; median and percentiles are taken over them.
+Clock reading (`ClockReading.NVML`, the default on CUDA): NVML is read every 5 ms while a case's samples run, and the
+result carries the median SM clock and board power over that window (the same reading for every callable timed in the
+same rounds; none where the driver's NVML library is missing, or where the window held no reading). It says which
+clock a median was taken at: on the H200 the same layer differs by about 10% between the boost and the capped clock.
 With `settle_seconds` the replays of step 3 first run untimed for that long, so that the samples see the clock a
 sustained load holds: on the power-capped H200 the first ~0.1 s after a rest run at the boost clock (1980 MHz, a
 forward 10% faster), then the power cap sets in (results/stop44-h200-2026-12-04). Default 0: samples start right
@@ -36,13 +40,18 @@ import torch
 
 from moe2cta.capture import capture_cuda_graph
 
-__all__ = ["GraphCapture", "TimingMode", "TimingConfig", "TimingResult", "time_callable", "time_interleaved",
-           "rotation_count", "interleaved_rounds", "balanced_orders"]
+__all__ = ["ClockReading", "ClockWindow", "GraphCapture", "TimingMode", "TimingConfig", "TimingResult", "clock_window",
+           "time_callable", "time_interleaved", "rotation_count", "interleaved_rounds", "balanced_orders"]
 
 
 class GraphCapture(enum.Enum):
     TRY = "try"  # capture a CUDA graph; fall back to eager events if capture fails
     NEVER = "never"  # the backend syncs with the host (e.g. the transformers loop): time eagerly
+
+
+class ClockReading(enum.Enum):
+    NONE = "none"
+    NVML = "nvml"  # SM clock and board power over each case's samples (module docstring)
 
 
 class TimingMode(enum.Enum):
@@ -60,8 +69,11 @@ class TimingConfig:
     max_rotation: int = 8
     rotation_bytes: int = 192 << 20  # rotated inputs together exceed this (3x a 60 MB L2)
     settle_seconds: float = 0.0  # untimed replays before each case's samples (module docstring)
+    clock_reading: ClockReading = ClockReading.NVML  # CUDA only
 
     def __post_init__(self):
+        if not isinstance(self.clock_reading, ClockReading):
+            raise TypeError(f"clock_reading: expected a ClockReading, got {self.clock_reading!r}")
         if not 0 <= self.settle_seconds < float("inf"):
             raise ValueError(f"settle_seconds: expected a finite number >= 0, got {self.settle_seconds}")
         if self.min_samples < 1 or self.max_samples < self.min_samples:
@@ -81,10 +93,20 @@ def rotation_count(bytes_per_input: int, config: TimingConfig) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClockWindow:
+    """Medians of the NVML readings taken while one case's samples ran."""
+
+    sm_mhz: float
+    power_w: float
+    readings: int
+
+
+@dataclasses.dataclass(frozen=True)
 class TimingResult:
     mode: TimingMode
     samples_us: tuple[float, ...]
     note: str = ""
+    clock: ClockWindow | None = None  # SM clock and power while the samples ran (ClockReading.NVML)
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(np.asarray(self.samples_us), q))
@@ -96,6 +118,45 @@ class TimingResult:
     @property
     def mean_us(self) -> float:
         return float(np.mean(self.samples_us))
+
+
+CLOCK_PERIOD_S = 0.005  # NVML reading period while samples run
+
+
+def _clock_sampler(config: TimingConfig, on_cuda: bool):
+    """A PowerSampler on the current CUDA device's NVML handle, or None (no reading asked for, no CUDA, no NVML
+    library: nvidia-smi's tens of ms per reading are too slow for a case's window). The NVML index is taken to be the
+    CUDA index (true unless CUDA_VISIBLE_DEVICES reorders the devices)."""
+    if config.clock_reading is ClockReading.NONE or not on_cuda:
+        return None
+    from .power import PowerSampler
+
+    sampler = PowerSampler(device_index=torch.cuda.current_device(), period_s=CLOCK_PERIOD_S)
+    return sampler if sampler.backend() == "nvml" else None
+
+
+def _stop_reading(sampler) -> list:
+    """The sampler's readings ([] without one, or where a read failed: a case is timed whether or not NVML answers)."""
+    if sampler is None:
+        return []
+    try:
+        return sampler.stop()
+    except RuntimeError:
+        return []
+
+
+def clock_window(readings, t_from: float, t_to: float) -> ClockWindow | None:
+    """Medians of the readings (PowerSample) taken in [t_from, t_to]; a window shorter than the reading period gets
+    the reading nearest its middle if one lies within a period of it, else None."""
+    inside = [r for r in readings if t_from <= r.t <= t_to]
+    if not inside:
+        middle = (t_from + t_to) / 2
+        near = [r for r in readings if abs(r.t - middle) <= (t_to - t_from) / 2 + CLOCK_PERIOD_S]
+        inside = sorted(near, key=lambda r: abs(r.t - middle))[:1]
+    if not inside:
+        return None
+    return ClockWindow(float(np.median([r.sm_mhz for r in inside])), float(np.median([r.power_w for r in inside])),
+                       len(inside))
 
 
 def _sample_count(estimate_s: float, config: TimingConfig) -> int:
@@ -155,10 +216,11 @@ def time_interleaved(
         pool = torch.cuda.graph_pool_handle() if on_cuda else None
         capture = captures.get(name, GraphCapture.TRY)
         runners[name], modes[name], notes[name] = _runners(fn, inputs, on_cuda, capture, pool)
-    samples = _rounds(runners, failed, config, on_cuda)
+    samples, clock = _rounds(runners, failed, config, on_cuda)
     out: dict[str, TimingResult | Exception] = {}
     for name in fns:
-        out[name] = failed[name] if name in failed else TimingResult(modes[name], tuple(samples[name]), notes[name])
+        out[name] = failed[name] if name in failed else TimingResult(modes[name], tuple(samples[name]), notes[name],
+                                                                     clock)
     return out
 
 
@@ -178,8 +240,10 @@ def _runners(fn, inputs, on_cuda: bool, capture: GraphCapture, pool):
     return [g.replay for g in graphs], TimingMode.CUDA_GRAPH, ""
 
 
-def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) -> dict[str, list[float]]:
-    """Warm-up replays, an estimate of each runner's time, then the timed rounds; moves raisers into `failed`."""
+def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) -> tuple[dict[str, list[float]],
+                                                                                        ClockWindow | None]:
+    """Warm-up replays, an estimate of each runner's time, then the timed rounds (with the clock window of the rounds
+    that gave the samples); moves raisers into `failed`."""
     estimates = {}
     for name, calls in list(runners.items()):
         try:
@@ -190,7 +254,7 @@ def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) ->
             failed[name] = exc.cause if isinstance(exc, _RunnerFailed) else exc
             del runners[name]
     if not runners:
-        return {}
+        return {}, None
     rounds = _sample_count(float(np.mean(list(estimates.values()))), config)
     while runners:
         try:
@@ -200,15 +264,23 @@ def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) ->
             failed[exc.name] = exc.cause
             del runners[exc.name]
     if not runners:
-        return {}
+        return {}, None
+    sampler = _clock_sampler(config, on_cuda)
     while True:
+        window: list[float] = []
+        if sampler is not None:
+            sampler.start()
         try:
-            return _sample_rounds(runners, rounds, on_cuda)
+            samples = _sample_rounds(runners, rounds, on_cuda, window)
         except _RunnerFailed as exc:  # drop the raiser, time the rest again
             failed[exc.name] = exc.cause
             del runners[exc.name]
             if not runners:
-                return {}
+                return {}, None
+            continue
+        finally:
+            readings = _stop_reading(sampler)
+        return samples, clock_window(readings, *window) if readings and len(window) == 2 else None
 
 
 def _settle(runners: dict, seconds: float, on_cuda: bool) -> None:
@@ -251,10 +323,11 @@ def balanced_orders(n: int) -> list[list[int]]:
     return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
-def _sample_rounds(runners: dict, rounds: int, on_cuda: bool) -> dict[str, list[float]]:
+def _sample_rounds(runners: dict, rounds: int, on_cuda: bool, window: list | None = None) -> dict[str, list[float]]:
     """{name: one sample in us per round}; round r runs runners[name][r % len] for every name, in the order of row r of
     balanced_orders; CUDA: all rounds queued behind a GPU sleep, between CUDA events; CPU: perf_counter around each
-    call."""
+    call. `window` (CUDA) gets the host times (time.time()) between which the queued rounds ran: from the end of the
+    sleep (or of the queueing, if that took longer) to the end of the last round."""
     order = list(runners)
     squares = balanced_orders(len(order))
     plan = [(order[i], runners[order[i]][r % len(runners[order[i]])]) for r in range(rounds)
@@ -272,6 +345,8 @@ def _sample_rounds(runners: dict, rounds: int, on_cuda: bool) -> dict[str, list[
     starts = [torch.cuda.Event(enable_timing=True) for _ in plan]
     ends = [torch.cuda.Event(enable_timing=True) for _ in plan]
     _gpu_sleep(len(plan) * 20e-6)
+    slept = torch.cuda.Event()
+    slept.record()
     for (name, call), start, end in zip(plan, starts, ends):
         start.record()
         try:
@@ -280,7 +355,11 @@ def _sample_rounds(runners: dict, rounds: int, on_cuda: bool) -> dict[str, list[
             torch.cuda.synchronize()
             raise _RunnerFailed(name, exc) from exc
         end.record()
+    slept.synchronize()
+    t_from = time.time()
     torch.cuda.synchronize()
+    if window is not None:
+        window[:] = [t_from, time.time()]
     samples = {name: [] for name in order}
     for (name, _), start, end in zip(plan, starts, ends):
         samples[name].append(start.elapsed_time(end) * 1e3)

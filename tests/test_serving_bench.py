@@ -259,6 +259,56 @@ def test_settle_replays_untimed_before_the_samples():
             TimingConfig(settle_seconds=bad)
 
 
+def test_clock_window_takes_the_readings_of_the_samples_window():
+    """clock_window: medians of the NVML readings inside the window; a window shorter than a reading period gets the
+    reading nearest its middle if one is within a period, else none. The CPU path reads no clock."""
+    from moe2cta.serving_bench.power import PowerSample
+    from moe2cta.serving_bench.timing import CLOCK_PERIOD_S, ClockReading, clock_window
+
+    readings = [PowerSample(t, power_w=500.0 + t, sm_mhz=1000.0 + 10 * t, reasons=0, temperature_c=50.0)
+                for t in (0.0, 1.0, 2.0, 3.0, 4.0)]
+    w = clock_window(readings, 0.5, 3.5)
+    assert (w.sm_mhz, w.power_w, w.readings) == (1020.0, 502.0, 3)
+    near = clock_window(readings, 2.0 + CLOCK_PERIOD_S / 4, 2.0 + CLOCK_PERIOD_S / 2)
+    assert near.readings == 1 and near.sm_mhz == 1020.0
+    assert clock_window(readings, 2.3, 2.31) is None and clock_window([], 0.0, 1.0) is None
+    result = time_callable(lambda x: x, [(1,)], torch.device("cpu"), FAST_TIMING)
+    assert result.clock is None and FAST_TIMING.clock_reading is ClockReading.NVML
+    with pytest.raises(TypeError, match="clock_reading: expected a ClockReading"):
+        TimingConfig(clock_reading="nvml")
+
+
+def test_dense_ceiling_times_compute_bound_cells_only(monkeypatch):
+    """dense-ceiling: the two dense matmuls of the layer's total GEMM shape on one expert's weights, not a layer (no
+    correctness check, which it could not pass); timed only where the cell's floor is compute-bound, the rest
+    unsupported with the reason."""
+    from moe2cta.serving_bench.runner import CaseStatus, RunConfig, run_benchmark
+
+    preset = custom_preset(TINY)  # H 64, I 32, E 8, k 2
+    weights = make_expert_weights(preset, "cpu", seed=0, dtype=torch.float32)
+    spec = BACKENDS["dense-ceiling"]
+    assert spec.family is BackendFamily.CEILING
+    fn = spec.build(preset, weights)
+    hidden = torch.randn(5, 64)
+    y = fn(hidden, torch.randn(5, 8))
+    assert y.shape == (10, 64) and torch.isfinite(y).all() and y.abs().sum() > 0
+    assert fn(hidden, torch.randn(5, 8)) is y  # kept for the calls with this token count
+    assert fn(torch.randn(3, 64), torch.randn(3, 8)).shape == (6, 64)
+    # a matmul rate at which T=64 is compute-bound and T=1 memory-bound
+    ceilings = Ceilings(DEFAULT_CEILINGS.bandwidth, 1e13, CeilingSource.DEFAULT)
+    run = RunConfig(models=(preset,), sweep_tokens=(1, 64), distributions=(RoutingDistribution.parse("uniform"),),
+                    backends=("grouped-mm", "dense-ceiling"), device=torch.device("cpu"), ceilings=ceilings,
+                    timing=FAST_TIMING, dtype=torch.float32)
+    bench = run_benchmark(run)
+    by = {(r.backend, r.tokens): r for r in bench.results}
+    assert by[("grouped-mm", 1)].floor_bound == "memory" and by[("grouped-mm", 64)].floor_bound == "compute"
+    assert by[("dense-ceiling", 1)].status is CaseStatus.UNSUPPORTED and "memory-bound" in by[("dense-ceiling", 1)].reason
+    ceiling = by[("dense-ceiling", 64)]
+    assert ceiling.status is CaseStatus.OK and ceiling.median_us > 0 and ceiling.rel_err is None
+    assert ceiling.family == "ceiling" and ceiling.sm_mhz is None  # no clock on the CPU
+    assert by[("grouped-mm", 64)].status is CaseStatus.OK and by[("grouped-mm", 64)].rel_err is not None
+
+
 # --- trace -----------------------------------------------------------------------------------------
 
 
@@ -653,6 +703,53 @@ def test_gpu_interleaved_timing_keeps_each_callables_own_time():
     assert 4.0 < out["large"].median_us / out["small"].median_us < 12.0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_timing_reads_the_clock_of_the_samples_window():
+    """ClockReading.NVML: a timed case carries the median SM clock and board power over its samples' window, within
+    the card's range, and the same reading for every callable timed in its rounds; NONE reads nothing."""
+    from moe2cta.serving_bench.timing import ClockReading, time_interleaved
+
+    x = [(torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16),) for _ in range(2)]
+    timing = TimingConfig(warmup_calls=1, min_samples=20, max_samples=200, target_seconds=0.1, max_rotation=2)
+    out = time_interleaved({"a": lambda a: a @ a, "b": lambda a: a + a}, x, torch.device("cuda"), timing)
+    clock = out["a"].clock
+    if clock is None:
+        from moe2cta.serving_bench.power import PowerSampler
+
+        assert PowerSampler().backend() != "nvml", "NVML loads, yet the case read no clock"
+        pytest.skip("no NVML library on this machine")
+    assert out["b"].clock == clock and clock.readings >= 5
+    assert 300 <= clock.sm_mhz <= 3000 and 50 <= clock.power_w <= 1500
+    quiet = time_callable(lambda a: a @ a, x, torch.device("cuda"),
+                          dataclasses.replace(timing, clock_reading=ClockReading.NONE))
+    assert quiet.clock is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_dense_ceiling_is_the_dense_matmuls():
+    """dense-ceiling on the GPU: its output is the second matmul of its fixed activations (bf16, checked against an
+    fp32 matmul of the same operands), it replays from a graph, and a compute-bound cell of a real preset's shape
+    runs near the card's matmul rate (between 0.3x and 1.3x of 792 TFLOP/s)."""
+    preset = get_preset("qwen3-30b-a3b")
+    weights = make_expert_weights(preset, "cuda", seed=0)
+    fn = BACKENDS["dense-ceiling"].build(preset, weights)
+    tokens = 4096
+    inputs = [(torch.randn(tokens, preset.hidden, device="cuda", dtype=torch.bfloat16),
+               torch.randn(tokens, preset.num_experts, device="cuda")) for _ in range(2)]
+    y = fn(*inputs[0]).clone()
+    gen = torch.Generator(device="cuda").manual_seed(tokens * preset.top_k)  # the ceiling's activations: a1, then a2
+    torch.randn(tokens * preset.top_k, preset.hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    a2 = torch.randn(tokens * preset.top_k, preset.intermediate, device="cuda", dtype=torch.bfloat16, generator=gen)
+    want = a2.float() @ weights.w2[0].float().t()
+    assert (y.float() - want).abs().max().item() <= 0.02 * want.abs().max().item()
+    result = time_callable(fn, inputs, torch.device("cuda"), FAST_TIMING)
+    assert result.mode is TimingMode.CUDA_GRAPH
+    flops = 2 * tokens * preset.top_k * 3 * preset.hidden * preset.intermediate
+    assert 0.3 * 792e12 <= flops / (result.median_us * 1e-6) <= 1.3 * 792e12
+
+
 # ------------------------------------------------------------------------------------------ prefill GEMM bench
 def test_prefill_bench_variants_are_implementable_and_distinct():
     """Every CuTe variant the prefill bench times exists for every preset, and each is its own kernel
@@ -986,6 +1083,32 @@ def test_layer_runs_combines_per_model_runs(tmp_path):
     assert layer_runs.spread(cells[1]) == pytest.approx(1.01 / 0.99) and not layer_runs.marked(cells[0])
     with pytest.raises(ValueError, match="run_dirs: .*results.json does not exist"):
         layer_runs.load_cells([tmp_path / "missing"])
+
+
+def test_layer_runs_sets_each_layer_against_the_dense_ceiling(tmp_path):
+    """layer_runs: where a run holds a ceiling backend, each layer's time over the ceiling's in every cell both timed,
+    with the SM clocks, and the geomeans; nothing without one."""
+    from moe2cta.serving_bench import layer_runs
+
+    d = tmp_path / "r"
+    d.mkdir()
+    rows = [("auto", "moe2cta", 8192, 130.0, 1500.0), ("auto", "moe2cta", 32768, 480.0, 1400.0),
+            ("dense-ceiling", "ceiling", 8192, 100.0, 1600.0), ("dense-ceiling", "ceiling", 32768, 400.0, 1450.0),
+            ("auto", "moe2cta", 2048, 50.0, None)]
+    (d / "results.json").write_text(json.dumps({"results": [
+        {"model": "m", "tokens": t, "backend": b, "family": f, "floor_us": 80.0 * t / 8192, "median_us": us,
+         "status": "ok", "sm_mhz": mhz, "power_w": 690.0} for b, f, t, us, mhz in rows]
+        + [{"model": "m", "tokens": 2048, "backend": "dense-ceiling", "family": "ceiling", "floor_us": 20.0,
+            "status": "unsupported"}]}))
+    cells = layer_runs.load_cells([d])
+    lines = layer_runs.ceiling_lines(cells)
+    text = "\n".join(lines)
+    assert "| m | 8192 | 100.0 (1.25x) @ 1600 | 1.300 @ 1500 |" in text
+    assert "| m | 32768 | 400.0 (1.25x) @ 1450 | 1.200 @ 1400 |" in text
+    assert f"| geomean | 2 cells | 1.250x floor | {math.sqrt(1.3 * 1.2):.3f} |" in text
+    assert "2048" not in text
+    assert layer_runs.ceiling_lines([c for c in cells if c["backend"] == "auto"]) == []
+    assert "Against the dense ceiling" in layer_runs.markdown("v", cells)
 
 
 def test_permute_bench_grid_and_cells():
