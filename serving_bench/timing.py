@@ -267,20 +267,14 @@ def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) ->
         return {}, None
     sampler = _clock_sampler(config, on_cuda)
     while True:
-        window: list[float] = []
-        if sampler is not None:
-            sampler.start()
+        clock = _ClockRead(sampler) if sampler is not None else None
         try:
-            samples = _sample_rounds(runners, rounds, on_cuda, window)
+            return _sample_rounds(runners, rounds, on_cuda, clock), None if clock is None else clock.window
         except _RunnerFailed as exc:  # drop the raiser, time the rest again
             failed[exc.name] = exc.cause
             del runners[exc.name]
             if not runners:
                 return {}, None
-            continue
-        finally:
-            readings = _stop_reading(sampler)
-        return samples, clock_window(readings, *window) if readings and len(window) == 2 else None
 
 
 def _settle(runners: dict, seconds: float, on_cuda: bool) -> None:
@@ -323,11 +317,30 @@ def balanced_orders(n: int) -> list[list[int]]:
     return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
-def _sample_rounds(runners: dict, rounds: int, on_cuda: bool, window: list | None = None) -> dict[str, list[float]]:
+class _ClockRead:
+    """NVML readings while the host waits for the queued rounds: the sampler's thread starts only once every round is
+    queued (it takes no host time from the queueing), so the window runs from the end of the GPU sleep (or of the
+    queueing, if that took longer) to the end of the last round."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self.window: ClockWindow | None = None
+
+    def wait(self) -> None:
+        self.sampler.start()
+        t_from = time.time()
+        try:
+            torch.cuda.synchronize()
+        finally:
+            t_to = time.time()
+            readings = _stop_reading(self.sampler)
+        self.window = clock_window(readings, t_from, t_to)
+
+
+def _sample_rounds(runners: dict, rounds: int, on_cuda: bool, clock: _ClockRead | None = None) -> dict[str, list[float]]:
     """{name: one sample in us per round}; round r runs runners[name][r % len] for every name, in the order of row r of
-    balanced_orders; CUDA: all rounds queued behind a GPU sleep, between CUDA events; CPU: perf_counter around each
-    call. `window` (CUDA) gets the host times (time.time()) between which the queued rounds ran: from the end of the
-    sleep (or of the queueing, if that took longer) to the end of the last round."""
+    balanced_orders; CUDA: all rounds queued behind a GPU sleep, between CUDA events, and `clock` (if given) reads NVML
+    while they run; CPU: perf_counter around each call."""
     order = list(runners)
     squares = balanced_orders(len(order))
     plan = [(order[i], runners[order[i]][r % len(runners[order[i]])]) for r in range(rounds)
@@ -356,10 +369,10 @@ def _sample_rounds(runners: dict, rounds: int, on_cuda: bool, window: list | Non
             raise _RunnerFailed(name, exc) from exc
         end.record()
     slept.synchronize()
-    t_from = time.time()
-    torch.cuda.synchronize()
-    if window is not None:
-        window[:] = [t_from, time.time()]
+    if clock is not None:
+        clock.wait()
+    else:
+        torch.cuda.synchronize()
     samples = {name: [] for name in order}
     for (name, _), start, end in zip(plan, starts, ends):
         samples[name].append(start.elapsed_time(end) * 1e3)
