@@ -17,11 +17,16 @@ sm_90 / sm_100), auto (Backend.AUTO); cute-gathered / cute-token-rows (Backend.C
 TOKEN_ROWS: GEMM1 on a gathered copy / on the token rows wherever it can, the two sides of the AUTO choice);
 cute-tuned (Backend.CUTE with the tuning cache `moe2cta tune run` wrote: $MOE2CTA_TUNING_CACHE, else
 ~/.cache/moe2cta/tuning.json, resolved when the backend is checked and built, never at import).
-Ceiling (not a MoE layer): dense-ceiling, the two dense cuBLAS matmuls of the grouped GEMMs' total shape, [T*k, H] x
-[H, 2I] and [T*k, I] x [I, H], on one expert's weights and fixed random activations: what a grouped GEMM cannot beat
-(the peer figures' "dense speed of light"), timed in the same run and under the same clock as the layers. The runner
-times it only where the cell's floor is compute-bound (elsewhere the floor is the weights' bytes, which one expert's
-weights do not stream) and skips the correctness check (its output is not the layer's).
+Ceilings (not MoE layers; the runner skips their correctness check, since their outputs are not the layer's), timed
+in the same run and under the same clock as the layers, on fixed N(0, 1) activations:
+- dense-ceiling: the two dense cuBLAS matmuls of the grouped GEMMs' total shape, [T*k, H] x [H, 2I] and [T*k, I] x
+  [I, H], on one expert's weights: what a grouped GEMM cannot beat (the peer figures' "dense speed of light"). Only
+  where the cell's floor is compute-bound: elsewhere the floor is the weights' bytes, which one expert's weights (held
+  in L2) do not stream.
+- expert-bmm-ceiling: cuBLAS batched over every expert at ceil(T*k / E) rows each, [E, m, H] x [E, H, 2I] and
+  [E, m, I] x [E, I, H] on the layer's weights: the GEMMs of a perfectly balanced routing, with no padding, no
+  routing, gather or combine, streaming every expert's weights as the layer does. Only where the cell hits every
+  expert (else it would stream weights the layer does not).
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ from .timing import GraphCapture
 
 __all__ = [
     "BackendFamily",
+    "CellFacts",
     "ExpertWeights",
     "make_expert_weights",
     "BackendSpec",
@@ -107,6 +113,15 @@ def _ok(*_args) -> tuple[bool, str]:
 
 
 @dataclasses.dataclass(frozen=True)
+class CellFacts:
+    """What a backend's `applies` may ask of one benchmark cell before it is timed there."""
+
+    tokens: int
+    experts_hit: float  # mean over the cell's rotated inputs
+    floor_bound: str  # "memory" or "compute" (floors.Floor.bound)
+
+
+@dataclasses.dataclass(frozen=True)
 class BackendSpec:
     name: str
     family: BackendFamily
@@ -115,6 +130,7 @@ class BackendSpec:
     availability: Callable[[torch.device], tuple[bool, str]]
     build: Callable[[ModelPreset, ExpertWeights], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
     supports: Callable[[ModelPreset, ExpertWeights], tuple[bool, str]] = _ok
+    applies: Callable[[ModelPreset, CellFacts], tuple[bool, str]] = _ok  # per cell (unsupported there if not)
 
 
 # --- torch loop (transformers style) ------------------------------------------------------------------
@@ -234,6 +250,43 @@ def _build_dense_ceiling(preset: ModelPreset, weights: ExpertWeights):
         return held["y"]
 
     return forward
+
+
+def _dense_ceiling_applies(preset: ModelPreset, cell: CellFacts) -> tuple[bool, str]:
+    if cell.floor_bound != "compute":
+        return False, "a compute ceiling; this cell's floor is memory-bound"
+    return True, ""
+
+
+def _build_expert_bmm_ceiling(preset: ModelPreset, weights: ExpertWeights):
+    """The GEMMs of a perfectly balanced routing, batched over the experts (module docstring); activations held per
+    token count as in _build_dense_ceiling."""
+    w13_t = weights.w13.transpose(1, 2)  # [E, H, 2I]: views, no copy
+    w2_t = weights.w2.transpose(1, 2)  # [E, I, H]
+    k, experts, hidden_size, inter = preset.top_k, preset.num_experts, preset.hidden, preset.intermediate
+    held: dict = {}
+
+    def forward(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        rows = -(-hidden.shape[0] * k // experts)
+        if held.get("rows") != rows:
+            held.clear()
+            gen = torch.Generator(device=hidden.device).manual_seed(rows)
+            make = dict(generator=gen, device=hidden.device, dtype=hidden.dtype)
+            held.update(rows=rows, a1=torch.randn(experts, rows, hidden_size, **make),
+                        a2=torch.randn(experts, rows, inter, **make),
+                        h=torch.empty(experts, rows, 2 * inter, device=hidden.device, dtype=hidden.dtype),
+                        y=torch.empty(experts, rows, hidden_size, device=hidden.device, dtype=hidden.dtype))
+        torch.bmm(held["a1"], w13_t, out=held["h"])
+        torch.bmm(held["a2"], w2_t, out=held["y"])
+        return held["y"]
+
+    return forward
+
+
+def _expert_bmm_ceiling_applies(preset: ModelPreset, cell: CellFacts) -> tuple[bool, str]:
+    if cell.experts_hit < preset.num_experts:
+        return False, "streams every expert's weights; this cell does not hit every expert"
+    return True, ""
 
 
 # --- flashinfer ------------------------------------------------------------------------------------
@@ -427,6 +480,17 @@ BACKENDS: dict[str, BackendSpec] = {
             GraphCapture.TRY,
             _ok,
             _build_dense_ceiling,
+            applies=_dense_ceiling_applies,
+        ),
+        BackendSpec(
+            "expert-bmm-ceiling",
+            BackendFamily.CEILING,
+            "cuBLAS bmm over every expert at T*k/E rows each (a balanced routing, no padding, no routing / gather / "
+            "combine), cells that hit every expert; not a MoE layer",
+            GraphCapture.TRY,
+            _ok,
+            _build_expert_bmm_ceiling,
+            applies=_expert_bmm_ceiling_applies,
         ),
         _ours("moe2cta-torch", "TORCH", "moe2cta.MoELayer, Backend.TORCH (torch twins; reads ids on the host)",
               needs_cuda=False, capture=GraphCapture.NEVER, family=BackendFamily.REFERENCE),
@@ -459,7 +523,8 @@ BACKENDS: dict[str, BackendSpec] = {
     )
 }
 
-DEFAULT_GPU_BACKENDS = ("torch-loop", "grouped-mm", "triton", "cute", "flashinfer", "dense-ceiling")
+DEFAULT_GPU_BACKENDS = ("torch-loop", "grouped-mm", "triton", "cute", "flashinfer", "dense-ceiling",
+                        "expert-bmm-ceiling")
 DEFAULT_CPU_BACKENDS = ("torch-loop", "grouped-mm", "moe2cta-torch")
 
 

@@ -14,8 +14,8 @@ clock levels (the boost clock of the first ~0.1 s after a rest, then the capped 
 and its median is whichever level had more samples. Decode cells are not marked: their rotated inputs hit different
 numbers of experts, so their samples differ by design. Both outputs also say how the runs were timed (settling, sampling
 time, backend order, router) and what each backend is, as the per-model results.json files recorded it. Where a run
-timed a ceiling (the `dense-ceiling` backend: the dense matmuls of each compute-bound cell's GEMM shape), the Markdown
-ends with each layer's time over the ceiling's, cell by cell, with the SM clock each case's samples ran at.
+timed a ceiling (backends.py: `dense-ceiling`, `expert-bmm-ceiling`), the Markdown ends with each layer's time over
+the ceiling's, cell by cell, with the SM clock each case's samples ran at.
 """
 from __future__ import annotations
 
@@ -159,38 +159,40 @@ def markdown(run: str, cells: list[dict], previous: list[dict] | None = None, co
 
 
 def ceiling_lines(cells: list[dict]) -> list[str]:
-    """Markdown: each layer's time over the dense ceiling's (backends.py: the dense matmuls of the same GEMM shape,
-    same run) in every cell where both were timed, with the SM clock each ran at, and the geomeans; [] without a
-    ceiling in the run."""
+    """Markdown, one table per ceiling backend of the run (backends.py: `dense-ceiling`, `expert-bmm-ceiling`): each
+    layer's time over the ceiling's in every cell where both were timed, with the SM clock each case's samples ran at,
+    and the geomeans; [] without a ceiling in the run."""
     ok = {(c["model"], c["tokens"], c["backend"]): c for c in cells if c["status"] == "ok" and c["median_us"]}
-    ceilings = [c for c in ok.values() if c.get("family") == CEILING_FAMILY]
-    if not ceilings:
-        return []
-    layers = [b for b in dict.fromkeys(c["backend"] for c in cells)
-              if not any(c.get("family") == CEILING_FAMILY for c in cells if c["backend"] == b)]
+    order = list(dict.fromkeys(c["backend"] for c in cells))
+    ceiling_names = [b for b in order if any(c.get("family") == CEILING_FAMILY for c in cells if c["backend"] == b)]
+    layers = [b for b in order if b not in ceiling_names]
 
     def mhz(c):
         return "-" if c is None or c.get("sm_mhz") is None else f"{c['sm_mhz']:.0f}"
 
-    lines = ["", "Against the dense ceiling (the dense cuBLAS matmuls of each cell's total GEMM shape, same run; where "
-             "the floor is compute-bound): time / ceiling time, and the median SM clock in MHz while each case's "
-             "samples ran.", "",
-             "| model | T | ceiling us (x floor) @ MHz | " + " | ".join(f"{b} / ceiling @ MHz" for b in layers) + " |",
-             "|---|---|---|" + "---|" * len(layers)]
-    logs = {b: [] for b in layers}
-    for ceil in ceilings:
-        row = (f"| {ceil['model']} | {ceil['tokens']} | {ceil['median_us']:.1f} ({ceil['ratio']:.2f}x) @ {mhz(ceil)} |")
-        for b in layers:
-            c = ok.get((ceil["model"], ceil["tokens"], b))
-            if c is None:
-                row += " - |"
-                continue
-            over = c["median_us"] / ceil["median_us"]
-            logs[b].append(math.log(over))
-            row += f" {over:.3f} @ {mhz(c)} |"
-        lines.append(row)
-    lines.append(f"| geomean | {len(ceilings)} cells | {_fmt(_geomean_ratio(ceilings))}x floor | "
-                 + " | ".join(_fmt(math.exp(sum(v) / len(v)) if v else None) for v in logs.values()) + " |")
+    lines = []
+    for name in ceiling_names:
+        ceilings = [c for c in ok.values() if c["backend"] == name]
+        if not ceilings:
+            continue
+        lines += ["", f"Against `{name}` (same run, the cells where it was timed): each layer's time over the "
+                      "ceiling's, and the median SM clock in MHz while each case's samples ran.", "",
+                  f"| model | T | {name} us (x floor) @ MHz | " + " | ".join(f"{b} / ceiling @ MHz" for b in layers)
+                  + " |", "|---|---|---|" + "---|" * len(layers)]
+        logs = {b: [] for b in layers}
+        for ceil in ceilings:
+            row = f"| {ceil['model']} | {ceil['tokens']} | {ceil['median_us']:.1f} ({ceil['ratio']:.2f}x) @ {mhz(ceil)} |"
+            for b in layers:
+                c = ok.get((ceil["model"], ceil["tokens"], b))
+                if c is None:
+                    row += " - |"
+                    continue
+                over = c["median_us"] / ceil["median_us"]
+                logs[b].append(math.log(over))
+                row += f" {over:.3f} @ {mhz(c)} |"
+            lines.append(row)
+        lines.append(f"| geomean | {len(ceilings)} cells | {_fmt(_geomean_ratio(ceilings))}x floor | "
+                     + " | ".join(_fmt(math.exp(sum(v) / len(v)) if v else None) for v in logs.values()) + " |")
     return lines
 
 

@@ -3,8 +3,8 @@
 For each model: weights are made once (one copy). Every case's inputs are made once and shared by all
 backends: rotated (hidden, router logits) pairs, the routing of each (benchmark twin) for the floor, and
 the fp32 reference rows of the first pair. Then the backends are built (each may prepack) and run on every
-case: correctness first (a wrong backend is reported and not timed), then the timing. A ceiling
-(BackendFamily.CEILING: not a layer) is not checked, and is timed only where the cell's floor is compute-bound.
+case: correctness first (a wrong backend is reported and not timed), then the timing. A backend whose `applies`
+declines a cell is reported unsupported there; a ceiling (BackendFamily.CEILING: not a layer) is not checked.
 
 BackendOrder says how the backends share the card:
 - SEQUENTIAL (default): one backend at a time over every case, freed before the next. Each backend's replays run
@@ -38,7 +38,7 @@ import torch
 
 from moe2cta.presets import ModelPreset
 
-from .backends import BACKENDS, BackendFamily, ExpertWeights, make_expert_weights
+from .backends import BACKENDS, BackendFamily, CellFacts, ExpertWeights, make_expert_weights
 from .correctness import CheckStatus, ReferenceRows, check_output, make_reference
 from .distributions import BenchRouter, LoadSummary, RoutingDistribution, make_router_logits, summarize_load
 from .floors import TARGETS, Ceilings, moe_floor
@@ -307,12 +307,12 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
         if fn is None:
             results[name] = CaseResult(**base, status=status, reason=reason)
             continue
+        applies, why = spec.applies(preset, CellFacts(case.tokens, case.experts_hit, case.floor_bound))
+        if not applies:
+            results[name] = CaseResult(**base, status=CaseStatus.UNSUPPORTED, reason=why)
+            continue
         if spec.family is BackendFamily.CEILING:  # a bound, not the layer: no check (backends.py)
-            if case.floor_bound == "compute":
-                passed[name] = (fn, None, base)
-            else:
-                results[name] = CaseResult(**base, status=CaseStatus.UNSUPPORTED,
-                                           reason="a compute ceiling; this cell's floor is memory-bound")
+            passed[name] = (fn, None, base)
             continue
         try:
             failed, verdict = _check(fn, spec, preset, case, run, base)

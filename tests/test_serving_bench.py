@@ -309,6 +309,28 @@ def test_dense_ceiling_times_compute_bound_cells_only(monkeypatch):
     assert by[("grouped-mm", 64)].status is CaseStatus.OK and by[("grouped-mm", 64)].rel_err is not None
 
 
+def test_expert_bmm_ceiling_is_the_balanced_routings_gemms():
+    """expert-bmm-ceiling: bmm over every expert at ceil(T*k / E) rows on the layer's weights (its second product is
+    a2[e] @ w2[e].T for every expert); timed only where the cell hits every expert."""
+    from moe2cta.serving_bench.backends import CellFacts
+
+    preset = custom_preset(TINY)  # H 64, I 32, E 8, k 2
+    weights = make_expert_weights(preset, "cpu", seed=0, dtype=torch.float32)
+    spec = BACKENDS["expert-bmm-ceiling"]
+    assert spec.family is BackendFamily.CEILING
+    y = spec.build(preset, weights)(torch.randn(5, 64), torch.randn(5, 8))
+    assert y.shape == (8, 2, 64)  # ceil(5 * 2 / 8) rows per expert
+    gen = torch.Generator().manual_seed(2)
+    torch.randn(8, 2, 64, generator=gen)
+    a2 = torch.randn(8, 2, 32, generator=gen)
+    torch.testing.assert_close(y, torch.einsum("emi,ehi->emh", a2, weights.w2))
+    assert spec.applies(preset, CellFacts(64, 8.0, "memory")) == (True, "")
+    ok, why = spec.applies(preset, CellFacts(1, 2.0, "memory"))
+    assert not ok and "every expert" in why
+    dense = BACKENDS["dense-ceiling"]
+    assert dense.applies(preset, CellFacts(64, 8.0, "compute"))[0] and not dense.applies(preset, CellFacts(64, 8.0, "memory"))[0]
+
+
 # --- trace -----------------------------------------------------------------------------------------
 
 
@@ -728,10 +750,10 @@ def test_gpu_timing_reads_the_clock_of_the_samples_window():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_dense_ceiling_is_the_dense_matmuls():
+def test_gpu_ceilings_are_the_dense_matmuls():
     """dense-ceiling on the GPU: its output is the second matmul of its fixed activations (bf16, checked against an
-    fp32 matmul of the same operands), it replays from a graph, and a compute-bound cell of a real preset's shape
-    runs near the card's matmul rate (between 0.3x and 1.3x of 792 TFLOP/s)."""
+    fp32 matmul of the same operands); it and expert-bmm-ceiling replay from a graph, and at a compute-bound cell of a
+    real preset's shape run near the card's matmul rate (between 0.3x and 1.3x of 792 TFLOP/s)."""
     preset = get_preset("qwen3-30b-a3b")
     weights = make_expert_weights(preset, "cuda", seed=0)
     fn = BACKENDS["dense-ceiling"].build(preset, weights)
@@ -744,10 +766,11 @@ def test_gpu_dense_ceiling_is_the_dense_matmuls():
     a2 = torch.randn(tokens * preset.top_k, preset.intermediate, device="cuda", dtype=torch.bfloat16, generator=gen)
     want = a2.float() @ weights.w2[0].float().t()
     assert (y.float() - want).abs().max().item() <= 0.02 * want.abs().max().item()
-    result = time_callable(fn, inputs, torch.device("cuda"), FAST_TIMING)
-    assert result.mode is TimingMode.CUDA_GRAPH
     flops = 2 * tokens * preset.top_k * 3 * preset.hidden * preset.intermediate
-    assert 0.3 * 792e12 <= flops / (result.median_us * 1e-6) <= 1.3 * 792e12
+    for name in ("dense-ceiling", "expert-bmm-ceiling"):  # the bmm's rows per expert: 4096 * 8 / 128 = 256
+        result = time_callable(BACKENDS[name].build(preset, weights), inputs, torch.device("cuda"), FAST_TIMING)
+        assert result.mode is TimingMode.CUDA_GRAPH, name
+        assert 0.3 * 792e12 <= flops / (result.median_us * 1e-6) <= 1.3 * 792e12, (name, result.median_us)
 
 
 # ------------------------------------------------------------------------------------------ prefill GEMM bench
@@ -1103,12 +1126,13 @@ def test_layer_runs_sets_each_layer_against_the_dense_ceiling(tmp_path):
     cells = layer_runs.load_cells([d])
     lines = layer_runs.ceiling_lines(cells)
     text = "\n".join(lines)
+    assert "Against `dense-ceiling`" in text and "| model | T | dense-ceiling us (x floor) @ MHz | auto / ceiling @ MHz |" in text
     assert "| m | 8192 | 100.0 (1.25x) @ 1600 | 1.300 @ 1500 |" in text
     assert "| m | 32768 | 400.0 (1.25x) @ 1450 | 1.200 @ 1400 |" in text
     assert f"| geomean | 2 cells | 1.250x floor | {math.sqrt(1.3 * 1.2):.3f} |" in text
     assert "2048" not in text
     assert layer_runs.ceiling_lines([c for c in cells if c["backend"] == "auto"]) == []
-    assert "Against the dense ceiling" in layer_runs.markdown("v", cells)
+    assert "Against `dense-ceiling`" in layer_runs.markdown("v", cells)
 
 
 def test_permute_bench_grid_and_cells():
