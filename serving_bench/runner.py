@@ -105,7 +105,7 @@ class CaseResult:
     build_note: str = ""  # e.g. MoELayer.backend_reason: which backend AUTO chose and why
     timed_with: tuple[str, ...] = ()  # the backends timed in the same rounds (this one included)
     sm_mhz: float | None = None  # median SM clock while the samples ran (timing.ClockReading; shared by timed_with)
-    power_w: float | None = None  # median board power over the same window
+    power_w: float | None = None  # median board power over the same window (NVML's running average: lags it)
 
     @property
     def ratio(self) -> float | None:

@@ -11,7 +11,9 @@ CUDA (the method of issue 7):
 Clock reading (`ClockReading.NVML`, the default on CUDA): NVML is read every 5 ms while a case's samples run, and the
 result carries the median SM clock and board power over that window (the same reading for every callable timed in the
 same rounds; none where the driver's NVML library is missing, or where the window held no reading). It says which
-clock a median was taken at: on the H200 the same layer differs by about 10% between the boost and the capped clock.
+clock a median was taken at: on the H200 the same layer differs by up to 14% between the boost and the capped clock
+(results/stop46-h200-2026-12-04). NVML's power is a running average: it lags a short window (a case sampled right after
+a rest reads well under what it draws), so only a settled case's power means much.
 With `settle_seconds` the replays of step 3 first run untimed for that long, so that the samples see the clock a
 sustained load holds: on the power-capped H200 the first ~0.1 s after a rest run at the boost clock (1980 MHz, a
 forward 10% faster), then the power cap sets in (results/stop44-h200-2026-12-04). Default 0: samples start right
