@@ -227,10 +227,24 @@ def _build_grouped_mm(preset: ModelPreset, weights: ExpertWeights):
 # --- dense ceiling ---------------------------------------------------------------------------------
 
 
+def _ceiling_operands(held: dict, rows: int, like: torch.Tensor, inputs: dict, outputs: dict) -> dict:
+    """A ceiling's operands for `rows`: made on the first call with that count (the timing's warm-up calls come before
+    its graph capture) and kept in `held` for the calls with it. inputs {name: shape}: N(0, 1) in that order from a
+    generator seeded with `rows`, never zeros, since on a power-capped card the data moves the clock; outputs
+    {name: shape}: empty."""
+    if held.get("rows") != rows:
+        held.clear()
+        gen = torch.Generator(device=like.device).manual_seed(rows)
+        held["rows"] = rows
+        for name, shape in inputs.items():
+            held[name] = torch.randn(*shape, generator=gen, device=like.device, dtype=like.dtype)
+        for name, shape in outputs.items():
+            held[name] = torch.empty(*shape, device=like.device, dtype=like.dtype)
+    return held
+
+
 def _build_dense_ceiling(preset: ModelPreset, weights: ExpertWeights):
-    """The dense matmuls of the layer's total GEMM shape (module docstring). The activations are made on the first call
-    for a token count (before the timing's graph capture: its warm-up calls come first) and kept for the calls with
-    that count; N(0, 1), never zeros, since on a power-capped card the data moves the clock."""
+    """The dense matmuls of the layer's total GEMM shape (module docstring)."""
     w13_t = weights.w13[0].transpose(0, 1)  # [H, 2I] of expert 0, K-major as the grouped GEMMs read it
     w2_t = weights.w2[0].transpose(0, 1)  # [I, H]
     k, hidden_size, inter = preset.top_k, preset.hidden, preset.intermediate
@@ -238,16 +252,11 @@ def _build_dense_ceiling(preset: ModelPreset, weights: ExpertWeights):
 
     def forward(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         rows = hidden.shape[0] * k
-        if held.get("rows") != rows:
-            held.clear()
-            gen = torch.Generator(device=hidden.device).manual_seed(rows)
-            make = dict(generator=gen, device=hidden.device, dtype=hidden.dtype)
-            held.update(rows=rows, a1=torch.randn(rows, hidden_size, **make), a2=torch.randn(rows, inter, **make),
-                        h=torch.empty(rows, 2 * inter, device=hidden.device, dtype=hidden.dtype),
-                        y=torch.empty(rows, hidden_size, device=hidden.device, dtype=hidden.dtype))
-        torch.mm(held["a1"], w13_t, out=held["h"])
-        torch.mm(held["a2"], w2_t, out=held["y"])
-        return held["y"]
+        ops = _ceiling_operands(held, rows, hidden, {"a1": (rows, hidden_size), "a2": (rows, inter)},
+                                {"h": (rows, 2 * inter), "y": (rows, hidden_size)})
+        torch.mm(ops["a1"], w13_t, out=ops["h"])
+        torch.mm(ops["a2"], w2_t, out=ops["y"])
+        return ops["y"]
 
     return forward
 
@@ -259,8 +268,7 @@ def _dense_ceiling_applies(preset: ModelPreset, cell: CellFacts) -> tuple[bool, 
 
 
 def _build_expert_bmm_ceiling(preset: ModelPreset, weights: ExpertWeights):
-    """The GEMMs of a perfectly balanced routing, batched over the experts (module docstring); activations held per
-    token count as in _build_dense_ceiling."""
+    """The GEMMs of a perfectly balanced routing, batched over the experts (module docstring)."""
     w13_t = weights.w13.transpose(1, 2)  # [E, H, 2I]: views, no copy
     w2_t = weights.w2.transpose(1, 2)  # [E, I, H]
     k, experts, hidden_size, inter = preset.top_k, preset.num_experts, preset.hidden, preset.intermediate
@@ -268,17 +276,11 @@ def _build_expert_bmm_ceiling(preset: ModelPreset, weights: ExpertWeights):
 
     def forward(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         rows = -(-hidden.shape[0] * k // experts)
-        if held.get("rows") != rows:
-            held.clear()
-            gen = torch.Generator(device=hidden.device).manual_seed(rows)
-            make = dict(generator=gen, device=hidden.device, dtype=hidden.dtype)
-            held.update(rows=rows, a1=torch.randn(experts, rows, hidden_size, **make),
-                        a2=torch.randn(experts, rows, inter, **make),
-                        h=torch.empty(experts, rows, 2 * inter, device=hidden.device, dtype=hidden.dtype),
-                        y=torch.empty(experts, rows, hidden_size, device=hidden.device, dtype=hidden.dtype))
-        torch.bmm(held["a1"], w13_t, out=held["h"])
-        torch.bmm(held["a2"], w2_t, out=held["y"])
-        return held["y"]
+        ops = _ceiling_operands(held, rows, hidden, {"a1": (experts, rows, hidden_size), "a2": (experts, rows, inter)},
+                                {"h": (experts, rows, 2 * inter), "y": (experts, rows, hidden_size)})
+        torch.bmm(ops["a1"], w13_t, out=ops["h"])
+        torch.bmm(ops["a2"], w2_t, out=ops["y"])
+        return ops["y"]
 
     return forward
 
