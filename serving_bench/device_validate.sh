@@ -131,11 +131,13 @@ router-grouped)  # deepseek-v3's grouped routing: the [T, G, E / G] group view (
     step router-grouped 150 python3 -m moe2cta.serving_bench.router_bench --routing-model deepseek-v3 \
         --tokens 1 32 512 4096 32768 --variants v3 v3,groups=per_group --out "$out/router-grouped" ;;
 layer-full)  # the full grid (5 models x T in 1..32768), one invocation per model so partial results survive
-    # (LAYER_SETTLE=S: each case replays untimed for S seconds first, so that its samples see the sustained clock)
+    # (LAYER_SETTLE=S: each case replays untimed for S seconds first, so that its samples see the sustained clock;
+    # LAYER_ROUTER=peer: every model routed as the peer figures were, softmax -> top-k -> renormalize)
     for m in ${LAYER_MODELS:-mixtral-8x7b qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b}; do
         TAIL=3 step "layer-${LAYER_TAG:-}$m" 170 python3 -m moe2cta.serving_bench --models "$m" --full \
             --backends "${LAYER_BACKENDS:-auto,triton,cute,grouped-mm,dense-ceiling}" --order "${LAYER_ORDER:-sequential}" \
-            --time-per-case 0.05 --settle-seconds "${LAYER_SETTLE:-0}" --out "$out/layer-${LAYER_TAG:-}$m" --progress off --no-plots
+            --time-per-case 0.05 --settle-seconds "${LAYER_SETTLE:-0}" --router "${LAYER_ROUTER:-model}" \
+            --out "$out/layer-${LAYER_TAG:-}$m" --progress off --no-plots
     done ;;
 layer-orders)  # the full grid per LAYER_ORDERS entry TAG:ORDER (default: interleaved, then one backend at a time)
     for tag_order in ${LAYER_ORDERS:-i1:interleaved seq:sequential}; do

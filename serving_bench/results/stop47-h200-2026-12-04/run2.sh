@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# stop 47, call 2 (bundle c15, stop 46's kernels and defaults): call 1 again on a second machine start: grid v38 (the
+# model routers), then deepseek-v3 under the peer figures' routing, so that the peer routing's grid (v38p: v38's
+# other four models + deepseek-v3 peer) comes from one start too.
+set -uo pipefail
+start=$SECONDS
+v=/tmp/v2; mkdir -p $v
+mkdir -p .kernels && tar xJf .kpack/c15.tar.xz -C .kernels || exit 1
+export LAYER_BACKENDS=auto,triton,grouped-mm,dense-ceiling,expert-bmm-ceiling
+OUT=$v KERNELS=.kernels/c15 LAYER_TAG=v38- LANE0="layer-full" timeout $((420 - SECONDS + start)) bash serving_bench/device_validate.sh 2>&1 | grep -E "^===" | cut -c1-160
+OUT=$v KERNELS=.kernels/c15 LAYER_TAG=v38p- LAYER_ROUTER=peer LAYER_MODELS=deepseek-v3 LANE0="layer-full" timeout $((560 - SECONDS + start)) bash serving_bench/device_validate.sh 2>&1 | grep -E "^===" | cut -c1-160
+tar czf $OUT/v2.tgz -C /tmp v2
+echo "=== done $((SECONDS - start)) s"
