@@ -9,7 +9,7 @@ v=/tmp/v3; mkdir -p $v
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/moe2cta-site .whl/moe2cta-*.whl || exit 1
 export PYTHONPATH=/tmp/moe2cta-site
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > $v/gpu.txt
-(cd /tmp && (cd /tmp && timeout 500 python3 -m moe2cta.serving_bench.permute_bench --json $v/permute.json --cells qwen3-30b-a3b:2048 \
+(cd /tmp && timeout 500 python3 -m moe2cta.serving_bench.permute_bench --json $v/permute.json --cells qwen3-30b-a3b:2048 \
     qwen3-30b-a3b:8192 qwen3-235b-a22b:2048 qwen3-235b-a22b:8192 deepseek-v3:8192 gpt-oss-120b:8192 \
     gpt-oss-120b:32768 mixtral-8x7b:8192) > $v/permute.txt 2>&1
 echo "=== permute rc=$? $((SECONDS - start)) s"
