@@ -35,7 +35,7 @@ def gather_kernel(
     stride_hidden, stride_a1, sorted_slots_ptr, row_offsets_ptr, num_experts, num_slot_programs,
     TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     ROW_WEIGHTS: tl.constexpr = False, DEPENDENT_LAUNCH: tl.constexpr = 0, PAD_TOKEN_ROW: tl.constexpr = False,
-    BLOCK_P: tl.constexpr = 32, TOKEN_LOADS: tl.constexpr = False, STORE_CACHE: tl.constexpr = "",
+    BLOCK_P: tl.constexpr = 32,
 ):
     if DEPENDENT_LAUNCH >= 1:  # programmatic dependent launch: wait for the previous kernel's results
         tl.extra.cuda.gdc_wait()
@@ -50,49 +50,27 @@ def gather_kernel(
         else:
             _gather_slot_block(hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, slot_weights_ptr, row_weights_ptr,
                                num_slots, stride_hidden, stride_a1, cols, col_ok, TOP_K, HAS_SCALE, BLOCK_S,
-                               ROW_WEIGHTS, TOKEN_LOADS, STORE_CACHE)
+                               ROW_WEIGHTS)
     else:
         _gather_slot_block(hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, slot_weights_ptr, row_weights_ptr,
-                           num_slots, stride_hidden, stride_a1, cols, col_ok, TOP_K, HAS_SCALE, BLOCK_S, ROW_WEIGHTS,
-                           TOKEN_LOADS, STORE_CACHE)
+                           num_slots, stride_hidden, stride_a1, cols, col_ok, TOP_K, HAS_SCALE, BLOCK_S, ROW_WEIGHTS)
 
 
 def _gather_slot_block(hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, slot_weights_ptr, row_weights_ptr, num_slots,
                        stride_hidden, stride_a1, cols, col_ok, TOP_K: tl.constexpr, HAS_SCALE: tl.constexpr,
-                       BLOCK_S: tl.constexpr, ROW_WEIGHTS: tl.constexpr, TOKEN_LOADS: tl.constexpr,
-                       STORE_CACHE: tl.constexpr):
-    """Program (slot block, h-block) of gather_kernel: hidden[s // k] (* scale[s]) -> a1[slot_rows[s]].
-    TOKEN_LOADS (k a power of two dividing BLOCK_S): each of the block's BLOCK_S / k tokens is loaded once and
-    stored to its k rows; else each slot loads its token's row. STORE_CACHE: the stores' PTX cache modifier."""
+                       BLOCK_S: tl.constexpr, ROW_WEIGHTS: tl.constexpr):
+    """Program (slot block, h-block) of gather_kernel: hidden[s // k] (* scale[s]) -> a1[slot_rows[s]]."""
     slots = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     slot_ok = slots < num_slots
     rows = tl.load(slot_rows_ptr + slots, mask=slot_ok, other=-1)
     valid = rows >= 0
-    if TOKEN_LOADS:
-        NT: tl.constexpr = BLOCK_S // TOP_K
-        tokens = tl.program_id(0) * NT + tl.arange(0, NT)
-        tok_ok = tokens < num_slots // TOP_K
-        xt = tl.load(hidden_ptr + tokens.to(tl.int64)[:, None] * stride_hidden + cols[None, :],
-                     mask=tok_ok[:, None] & col_ok[None, :], other=0.0)
-        j = tl.arange(0, TOP_K)
-        slots3 = tokens[:, None] * TOP_K + j[None, :]
-        rows3 = tl.load(slot_rows_ptr + slots3, mask=tok_ok[:, None], other=-1)
-        m3 = (rows3 >= 0)[:, :, None] & col_ok[None, None, :]
-        x3 = xt[:, None, :]  # (broadcast to the k rows by the store)
-        if HAS_SCALE:
-            s3 = tl.load(scale_ptr + slots3, mask=rows3 >= 0, other=0.0).to(tl.float32)
-            x3 = (x3.to(tl.float32) * s3[:, :, None]).to(a1_ptr.dtype.element_ty)
-        tl.store(a1_ptr + rows3.to(tl.int64)[:, :, None] * stride_a1 + cols[None, None, :], x3, mask=m3,
-                 cache_modifier=STORE_CACHE)
-    else:
-        tokens = slots // TOP_K
-        m = valid[:, None] & col_ok[None, :]
-        x = tl.load(hidden_ptr + tokens.to(tl.int64)[:, None] * stride_hidden + cols[None, :], mask=m, other=0.0)
-        if HAS_SCALE:
-            s = tl.load(scale_ptr + slots, mask=valid, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) * s[:, None]).to(a1_ptr.dtype.element_ty)
-        tl.store(a1_ptr + rows.to(tl.int64)[:, None] * stride_a1 + cols[None, :], x, mask=m,
-                 cache_modifier=STORE_CACHE)
+    tokens = slots // TOP_K
+    m = valid[:, None] & col_ok[None, :]
+    x = tl.load(hidden_ptr + tokens.to(tl.int64)[:, None] * stride_hidden + cols[None, :], mask=m, other=0.0)
+    if HAS_SCALE:
+        s = tl.load(scale_ptr + slots, mask=valid, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * s[:, None]).to(a1_ptr.dtype.element_ty)
+    tl.store(a1_ptr + rows.to(tl.int64)[:, None] * stride_a1 + cols[None, :], x, mask=m)
     if ROW_WEIGHTS:
         if tl.program_id(1) == 0:
             w = tl.load(slot_weights_ptr + slots, mask=valid, other=0.0)

@@ -8,8 +8,7 @@ Triton router) it times, as the layer calls them:
 - gather: hidden rows into expert order with GEMM2's row weights and GatherPadding.TOKEN_ROW (the sm90 prefill
   path of the gathered copy),
 over a grid of (tokens or slots per program, BLOCK_H, num_warps), the current default first (a grid point equal
-to it is not timed twice), and the gather's kernel variants (GATHER_VARIANTS: each token's row loaded once for its
-k slots, the stores' cache modifier) at the default parameters and at 16 slots per program. Each launch is
+to it is not timed twice). Each launch is
 captured 20 times in one CUDA graph (router_bench's timing: median of 7 rounds of 10 replays / 20). The outputs
 of every launch configuration are compared with the default's bit for bit (the order of the k additions is
 fixed, so any difference is a bug). Floors: bytes read + written at 4.24 TB/s.
@@ -40,7 +39,6 @@ DEFAULT_CELLS = ("qwen3-30b-a3b:2048", "qwen3-30b-a3b:8192", "qwen3-235b-a22b:20
                  "gpt-oss-120b:8192", "mixtral-8x7b:8192")
 COMBINE_GRID = {"block_t": (1, 2, 4, 8), "block_h": (512, 1024, 2048), "num_warps": (4, 8)}
 GATHER_GRID = {"block_s": (2, 4, 8), "block_h": (1024, 2048), "num_warps": (4, 8)}
-GATHER_VARIANTS = (("slot", ""), ("token", ""), ("slot", ".cs"), ("token", ".cs"))  # (loads, store cache modifier)
 
 
 def _grid(grid: dict, hidden_size: int):
@@ -58,7 +56,7 @@ def _combine(y, disp, out, num_tokens, top_k, block_t, block_h, num_warps):
         TOP_K=top_k, HAS_WEIGHTS=False, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps)
 
 
-def _gather(hidden, disp, a1, slot_weights, row_weights, top_k, block_s, block_h, num_warps, loads="slot", store=""):
+def _gather(hidden, disp, a1, slot_weights, row_weights, top_k, block_s, block_h, num_warps):
     num_slots, hidden_size = hidden.shape[0] * top_k, hidden.shape[1]
     slot_programs = -(-num_slots // block_s)
     pad_programs = -(-a1.shape[0] // router_api.GATHER_PAD_BLOCK)
@@ -67,8 +65,7 @@ def _gather(hidden, disp, a1, slot_weights, row_weights, top_k, block_s, block_h
         hidden, disp.slot_rows, disp.slot_rows, a1, slot_weights, row_weights, num_slots, hidden_size,
         hidden.stride(0), a1.stride(0), disp.sorted_slots, disp.row_offsets, disp.row_offsets.numel() - 1,
         slot_programs, TOP_K=top_k, HAS_SCALE=False, BLOCK_S=block_s, BLOCK_H=block_h, ROW_WEIGHTS=True,
-        PAD_TOKEN_ROW=True, BLOCK_P=router_api.GATHER_PAD_BLOCK, TOKEN_LOADS=loads == "token", STORE_CACHE=store,
-        num_warps=num_warps)
+        PAD_TOKEN_ROW=True, BLOCK_P=router_api.GATHER_PAD_BLOCK, num_warps=num_warps)
 
 
 def run_cell(model: str, tokens: int, gen: torch.Generator) -> list[dict]:
@@ -103,13 +100,6 @@ def run_cell(model: str, tokens: int, gen: torch.Generator) -> list[dict]:
     floor = (tokens * h + used * h) * 2 / HBM_BYTES_PER_US
     points = [{"block_s": GATHER_SLOTS_PER_PROGRAM, "block_h": default_h, "num_warps": default_warps}]
     points += [p for p in _grid(GATHER_GRID, h) if p != points[0]]
-    # the kernel's variants (loads: one per slot, or one per token stored to its k rows; the stores' cache
-    # modifier) at the default launch parameters and at BLOCK_S 16; token loads need k | BLOCK_S, k a power of two
-    for block_s, (loads, store) in itertools.product((GATHER_SLOTS_PER_PROGRAM, 16), GATHER_VARIANTS):
-        if (loads == "token" and (block_s % k or k & (k - 1))) or (block_s == GATHER_SLOTS_PER_PROGRAM and
-                                                                    (loads, store) == ("slot", "")):
-            continue
-        points.append({**points[0], "block_s": block_s, "loads": loads, "store": store})
     for p in points:
         a1 = torch.full_like(a1_ref, float("nan"))
         rw = torch.zeros_like(rw_ref)
@@ -148,7 +138,7 @@ def main(argv=None) -> int:
             mine = [r for r in rows if r["kernel"] == kernel]
             base = next(r for r in mine if r["default"])
             best = min(mine, key=lambda r: r["us"])
-            params = {key: best[key] for key in best if key.startswith("block") or key in ("num_warps", "loads", "store")}
+            params = {key: best[key] for key in best if key.startswith("block") or key == "num_warps"}
             print(f"{cell:22s} {kernel:7s} default {base['us']:8.1f} us  best {best['us']:8.1f} us {params}  "
                   f"floor {base['floor_us']:7.1f} us  all identical {all(r['identical'] for r in mine)}", flush=True)
     if args.json:
