@@ -195,7 +195,7 @@ ALONG_N_MAX_N_BLOCKS = 32
 # - GEMM2 at WIDE_GEMM2_ROWS_PER_EXPERT rows per expert, 128-row token tiles (qwen3 T=512, 32 rows: -22% / -9%
 #   against the swapped decode kernel), where GEMM1 keeps the decode kernel (equal or better);
 # - any layer at WIDE160_ROWS_PER_EXPERT rows per expert where N is a multiple of 256: 160-row token tiles on 256
-#   weight rows, one unit per expert of up to 160 rows (docs/perf-notes.md stop 34, results/wide160-h200-2026-12-03;
+#   weight rows, one unit per expert of up to 160 rows (docs/perf-history.md stop 34, results/wide160-h200-2026-12-03;
 #   model routing, 128 rows per expert, GEMM1 / GEMM2 against the kernels the layer ran: qwen3-235b T=2048 -16% /
 #   -11%, qwen3-30b T=2048 -12% (against its token-row GEMM1) / -10%, mixtral-8x7b T=512 -9% / -6% against the
 #   256-row wide tile). The 128-row regular tiles give every expert above 128 rows a second unit that streams its
