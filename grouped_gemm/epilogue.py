@@ -97,6 +97,7 @@ def apply_activation(gate: torch.Tensor, up: torch.Tensor, activation: Activatio
 def gated_activation(gate: torch.Tensor, up: torch.Tensor, activation: Activation) -> torch.Tensor:
     """The gated activation as torch ops in gate's and up's own dtype (each op rounds to it). gate and up have the
     same shape and dtype."""
+    activation = Activation.parse(activation)
     if activation is Activation.SWIGLU:
         return torch.nn.functional.silu(gate) * up
     if activation is Activation.GELU_GATED:

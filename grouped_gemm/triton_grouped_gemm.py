@@ -42,7 +42,7 @@ fp32); rows are masked by counts[e], so only valid rows are read (A rows past th
 last valid row) and written (padding rows of `out` keep what they held); block sizes are powers of two,
 block_k >= 16; any K and N (tails are masked; TMA: K * element size % 16 == 0, contiguous weights, rows of
 A 16-byte aligned, tails zero-filled by the copy engine); 64-bit addressing. The wrapper's default config
-estimates T * top_k as max_rows - E * 127 (align 128); with another align pass a config.
+estimates T * top_k as max_rows - E * (align - 1) from the `align` it is given (the dispatch's).
 """
 from __future__ import annotations
 
@@ -549,9 +549,12 @@ def _launch(
     tile_heights: tuple[int, ...],
     a_rows_per_source: int = 1,
     w13_layout: W13Layout = W13Layout.GATE_THEN_UP,
+    align: int = 128,
 ) -> torch.Tensor:
     if not isinstance(w13_layout, W13Layout):
         raise TypeError(f"w13_layout: expected a W13Layout, got {w13_layout!r}")
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+        raise ValueError(f"align: expected an int >= 1 (the dispatch's row alignment), got {align!r}")
     w_name = "w13" if stage is GemmStage.GEMM1 else "w2"
     b_name = "b13" if stage is GemmStage.GEMM1 else "b2"
     for name, t in (("a", a), (w_name, w)):
@@ -607,7 +610,7 @@ def _launch(
     config_given = config
     if config is None:
         # routed_rows estimate for the bucket: max_rows minus the worst-case padding (static facts only).
-        problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max(0, max_rows - num_experts * 127),
+        problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max(0, max_rows - num_experts * (align - 1)),
                                      a.dtype, tile_heights, num_sms, smem, w13_layout)
         config = default_config(problem)
     else:
@@ -688,6 +691,7 @@ def triton_grouped_gemm1(
     tile_heights: tuple[int, ...] = DEFAULT_TILE_HEIGHTS,
     a_rows_per_source: int = 1,
     w13_layout: W13Layout = W13Layout.GATE_THEN_UP,
+    align: int = 128,
 ) -> torch.Tensor:
     """GEMM1 with the fused gated activation -> [max_rows, I] in a.dtype (valid rows written).
 
@@ -695,10 +699,11 @@ def triton_grouped_gemm1(
     compact token matrix [T, H]: row r reads a[a_rows[r] // a_rows_per_source] (pass the dispatch's
     sorted_slots with a_rows_per_source = top_k: no index tensor to build). w13: [E, 2I, H] in `w13_layout`
     (GATE_THEN_UP: gate rows, then up rows; CHUNKED: pack_gate_up_rows of that, the CuTe kernels' layout).
-    b13 [E, 2I] is always in the public gate-then-up order.
+    b13 [E, 2I] is always in the public gate-then-up order. align: the dispatch's row alignment (Dispatch.align),
+    for the default config's estimate of the routed rows.
     """
     return _launch(GemmStage.GEMM1, a, w13, row_offsets, counts, tile_offsets, Activation.parse(activation),
-                   b13, None, a_rows, out, config, tile_heights, a_rows_per_source, w13_layout)
+                   b13, None, a_rows, out, config, tile_heights, a_rows_per_source, w13_layout, align)
 
 
 def triton_grouped_gemm2(
@@ -712,10 +717,12 @@ def triton_grouped_gemm2(
     out: torch.Tensor | None = None,
     config: TritonGemmConfig | None = None,
     tile_heights: tuple[int, ...] = DEFAULT_TILE_HEIGHTS,
+    align: int = 128,
 ) -> torch.Tensor:
     """GEMM2 -> [max_rows, H] in a.dtype: y[r] = (a[r] @ w2[e].T + b2[e]) * row_scale[r] (valid rows written).
 
-    a: [max_rows, I] in the padded expert layout; w2: [E, H, I]; row_scale: [max_rows] float or None.
+    a: [max_rows, I] in the padded expert layout; w2: [E, H, I]; row_scale: [max_rows] float or None. align: as in
+    triton_grouped_gemm1.
     """
     return _launch(GemmStage.GEMM2, a, w2, row_offsets, counts, tile_offsets, None, b2, row_scale, None, out,
-                   config, tile_heights)
+                   config, tile_heights, align=align)

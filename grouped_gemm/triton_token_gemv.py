@@ -226,7 +226,7 @@ def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
 
 def _token_gemv_kernel(
     x_ptr, ids_ptr, map_ptr, topk_w_ptr, w_ptr, bias_ptr, out_ptr,
-    num_tokens, N, K,
+    num_tokens, N, K, num_experts, map_len,
     stride_xm, stride_we, stride_wn, up_offset, stride_be, stride_om,
     TOP_K: tl.constexpr, STAGE: tl.constexpr, ACTIVATION: tl.constexpr, HAS_MAP: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr, HAS_BIAS: tl.constexpr, W13_CHUNK: tl.constexpr, EVEN_K: tl.constexpr,
@@ -250,8 +250,12 @@ def _token_gemv_kernel(
     slots = t.to(tl.int64) * TOP_K + tl.minimum(offs_j, TOP_K - 1)  # clamped: always a valid slot
     experts = tl.load(ids_ptr + slots)
     if HAS_MAP:  # global -> local id; -1: not on this rank (ids of -1: slot unused)
-        experts = tl.where(experts >= 0, tl.load(map_ptr + tl.maximum(experts, 0)), -1).to(tl.int32)
-    slot_ok = slot_ok & (experts >= 0)
+        in_map = (experts >= 0) & (experts < map_len)
+        mapped = tl.load(map_ptr + tl.minimum(tl.maximum(experts, 0), map_len - 1))
+        experts = tl.where(in_map, mapped, -1).to(tl.int32)
+    # Ids outside the weights' experts add nothing, as the dispatch treats them (off-rank), never an address.
+    slot_ok = slot_ok & (experts >= 0) & (experts < num_experts)
+    experts = tl.where(slot_ok, experts, 0)
     e_off = tl.maximum(experts, 0).to(tl.int64) * stride_we  # [BLOCK_J]
     if HAS_WEIGHTS:
         slot_w = tl.load(topk_w_ptr + slots, mask=slot_ok, other=0.0)  # fp32 [BLOCK_J]
@@ -446,7 +450,7 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
     _kernel()[grid](
         x, topk_ids, expert_map if expert_map is not None else topk_ids,
         topk_weights if topk_weights is not None else dummy, w, bias if bias is not None else dummy, out,
-        num_tokens, n_dim, k_dim,
+        num_tokens, n_dim, k_dim, num_experts, expert_map.shape[0] if expert_map is not None else 0,
         x.stride(0), w.stride(0), w.stride(1), n_dim * w.stride(1),
         bias.stride(0) if bias is not None else 0, out.stride(0),
         TOP_K=top_k, STAGE=1 if stage is GemmStage.GEMM1 else 2,

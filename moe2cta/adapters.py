@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 
 from .api import MoELayer
+from .config import IdCheck
+from .validation import validate_moe
 
 __all__ = ["register_layer", "unregister_layer", "registered_layer", "moe_forward", "moe_forward_topk"]
 
@@ -67,12 +69,15 @@ def _unaliased(out: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
 
 
 def _fake_output(layer: MoELayer, hidden: torch.Tensor, routing: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Shape checks a tracer can afford (no values), then out [T, H] of hidden's dtype."""
-    if hidden.dim() != 2 or hidden.shape[1] != layer.hidden_size:
-        raise ValueError(f"hidden: expected [T, {layer.hidden_size}], got {tuple(hidden.shape)}")
-    for arg, t in routing.items():
-        if t.dim() != 2 or t.shape[0] != hidden.shape[0]:
-            raise ValueError(f"{arg}: expected [T, ...] with T = hidden.shape[0], got {tuple(t.shape)}")
+    """The layer's input checks that read no values (shapes, dtypes, devices; not the range of topk_ids), as a
+    tracer can afford them, then out [T, H] of hidden's dtype."""
+    layer.check_hidden(hidden)
+    validate_moe(
+        hidden, layer.w13, layer.w2, routing=layer.config.routing, b13=layer.b13, b2=layer.b2,
+        e_score_correction_bias=layer.e_score_correction_bias if "router_logits" in routing else None,
+        expert_map=layer.expert_map, id_check=IdCheck.SKIP, router_logits=routing.get("router_logits"),
+        topk_weights=routing.get("topk_weights"), topk_ids=routing.get("topk_ids"),
+    )
     return hidden.new_empty(hidden.shape)
 
 

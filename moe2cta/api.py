@@ -51,6 +51,7 @@ from .grouped_gemm import Activation, GemmStage
 from .grouped_gemm.epilogue import GATE_UP_CHUNK, W13Layout, pack_gate_up_rows, unpack_gate_up_rows
 from .reference import RouterWeightOn, moe_forward_reference
 from .router import GatherPadding, RoutingConfig, Scoring
+from .router.config import triton_interpreting
 from .router.reference import route_reference
 from .validation import (
     FLOAT_DTYPES,
@@ -146,7 +147,7 @@ def _triton_router_backend():
 
 
 def _interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return triton_interpreting()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -339,11 +340,14 @@ def is_supported(
 ) -> tuple[bool, str]:
     """(True, "") if `backend` can run this layer, else (False, reason). AUTO: always (True, the choice).
 
-    Malformed inputs are not a support question: they raise ValueError / TypeError as in fused_moe.
+    Malformed inputs are not a support question: they raise ValueError / TypeError as in fused_moe (shapes, a
+    routing whose top_k exceeds the experts). A hidden of another dtype or device than w13 is answered as a reason.
     """
     backend = Backend.parse(backend)
     config = MoEConfig(routing, activation, router_weight_on, align)
     num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map)
+    if routing is not None:
+        routing.check_num_experts(num_global)
     require_tensor("hidden", hidden, ndim=2, dtypes=FLOAT_DTYPES)
     if hidden.shape[1] != hidden_size:
         raise ValueError(f"hidden: expected shape [T, {hidden_size}] (H from w13 [E, 2I, H]), got {tuple(hidden.shape)}")
@@ -495,10 +499,11 @@ def _forward_triton(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     a2 = gemm.triton_grouped_gemm1(
         a, w13, disp.row_offsets, disp.counts, disp.tile_offsets, config.activation,
         b13=layer.b13, a_rows=a_rows, tile_heights=heights, a_rows_per_source=top_k if a_rows is not None else 1,
-        w13_layout=layout,
+        w13_layout=layout, align=disp.align,
     )
     y = gemm.triton_grouped_gemm2(
-        a2, layer.w2, disp.row_offsets, disp.counts, disp.tile_offsets, b2=layer.b2, tile_heights=heights
+        a2, layer.w2, disp.row_offsets, disp.counts, disp.tile_offsets, b2=layer.b2, tile_heights=heights,
+        align=disp.align,
     )
     return _combine_gpu(layer, y, disp, topk_weights, hidden)
 
@@ -754,8 +759,11 @@ class MoELayer:
         else:
             raise TypeError(f"tuning_cache: expected a TuningCache, a path or None, got {type(tuning_cache).__name__}")
         self.prepared = _prepare_cute(self) if Backend.CUTE in self.plan.backends else {}
+        # The token GEMVs address the weights as contiguous [E, N, K] (the grouped GEMMs take any strides): with
+        # other strides every batch runs the grouped path.
+        gemv_layout_ok = all(t is None or t.is_contiguous() for t in (w13, w2, b13, b2, expert_map))
         self._token_gemv = (_optional_module("grouped_gemm.triton_token_gemv")[0]
-                            if Backend.TRITON in self.plan.backends else None)
+                            if Backend.TRITON in self.plan.backends and gemv_layout_ok else None)
 
     def _runs_token_gemvs(self, num_tokens: int) -> bool:
         if self._token_gemv is None:
@@ -809,8 +817,17 @@ class MoELayer:
         topk_weights: torch.Tensor | None = None,
         topk_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """hidden [T, H] + router_logits [T, E_g] (or precomputed topk_weights / topk_ids) -> out [T, H]."""
+        """hidden [T, H] + router_logits [T, E_g] (or precomputed topk_weights / topk_ids) -> out [T, H].
+
+        Runs on the inputs' device and that device's current stream, whichever device is current."""
         self.validate(hidden, router_logits, topk_weights=topk_weights, topk_ids=topk_ids)
+        if hidden.is_cuda and hidden.device.index != torch.cuda.current_device():
+            # Triton launches on the current device; torch ops and the CuTe kernels follow the tensors' device.
+            with torch.cuda.device(hidden.device):
+                return self._forward(hidden, router_logits, topk_weights, topk_ids)
+        return self._forward(hidden, router_logits, topk_weights, topk_ids)
+
+    def _forward(self, hidden, router_logits, topk_weights, topk_ids) -> torch.Tensor:
         hidden = hidden.contiguous()
         num_tokens = hidden.shape[0]
         top_k = topk_ids.shape[1] if topk_ids is not None else self.config.top_k
@@ -836,6 +853,14 @@ class MoELayer:
 
     forward = __call__
 
+    def check_hidden(self, hidden: torch.Tensor) -> None:
+        """hidden's dtype and device against the layer's weights, the error naming hidden (reads no values)."""
+        if isinstance(hidden, torch.Tensor) and hidden.dtype in FLOAT_DTYPES:
+            if hidden.dtype != self.w13.dtype:
+                raise TypeError(f"hidden: expected dtype {self.w13.dtype} (the layer's weights), got {hidden.dtype}")
+            if hidden.device != self.w13.device:
+                raise ValueError(f"hidden: expected a tensor on {self.w13.device} (the layer's weights), got {hidden.device}")
+
     def validate(
         self,
         hidden: torch.Tensor,
@@ -845,6 +870,7 @@ class MoELayer:
         topk_ids: torch.Tensor | None = None,
     ) -> MoEProblem:
         """All input checks of a call (no kernel runs); returns the problem's shapes."""
+        self.check_hidden(hidden)
         return validate_moe(
             hidden,
             self.w13,

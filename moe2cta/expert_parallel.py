@@ -50,6 +50,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .config import IdCheck
 from .grouped_gemm import Activation, grouped_gemm1_reference, grouped_gemm2_reference
 from .reference import RouterWeightOn
 from .router import RoutingConfig
@@ -60,6 +61,7 @@ from .router.reference import (
     gather_reference,
     route_reference,
 )
+from .validation import validate_moe
 
 __all__ = [
     "ExpertPlacement",
@@ -186,6 +188,12 @@ def expert_owner_and_local_id(
 
     Pure elementwise arithmetic on the ids' device: no table, no host sync.
     """
+    if not _is_int(world_size) or world_size < 1:
+        raise ValueError(f"world_size: expected an int >= 1, got {world_size!r}")
+    if not _is_int(num_global_experts) or num_global_experts < world_size:
+        raise ValueError(
+            f"num_global_experts: expected an int >= world_size ({world_size}), got {num_global_experts!r}"
+        )
     placement = ExpertPlacement.parse(placement)
     ids = ids.long()
     if placement is ExpertPlacement.ROUND_ROBIN:
@@ -368,6 +376,7 @@ def ep_dispatch(
     stages: RankStages = TORCH_STAGES,
 ) -> EPDispatched:
     """Send each slot's token row (and its local expert id) to the rank owning its expert."""
+    router_weight_on = RouterWeightOn.parse(router_weight_on)
     world = ep_config.world_size
     num_tokens, top_k = topk_ids.shape
     device = hidden.device
@@ -454,44 +463,27 @@ def ep_combine(
     )
 
 
-def _check_inputs(hidden, w13_local, w2_local, router_logits, topk_weights, topk_ids, ep_config, b13_local, b2_local):
+def _check_inputs(
+    hidden, w13_local, w2_local, router_logits, routing, topk_weights, topk_ids, ep_config, b13_local, b2_local,
+    e_score_correction_bias, align,
+):
+    """fused_moe's checks (moe2cta.validation) on this rank's weights and the global expert ids; the values of
+    topk_ids only where they are on the CPU (on CUDA reading them would be a device sync, as IdCheck.AUTO)."""
     if not isinstance(ep_config, ExpertParallelConfig):
         raise TypeError(f"ep_config: expected an ExpertParallelConfig, got {type(ep_config).__name__}")
-    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
-        raise ValueError(f"hidden: expected a 2-D tensor [T, H], got {getattr(hidden, 'shape', type(hidden))}")
-    num_tokens, hidden_size = hidden.shape
-    num_local = ep_config.num_local_experts
-    if w13_local.dim() != 3 or w13_local.shape[0] != num_local or w13_local.shape[2] != hidden_size:
-        raise ValueError(
-            f"w13_local: expected [E_local={num_local}, 2I, H={hidden_size}], got {tuple(w13_local.shape)}"
-        )
-    if w13_local.shape[1] % 2:
-        raise ValueError(f"w13_local: expected an even dim 1 (gate rows then up rows), got {w13_local.shape[1]}")
-    inter = w13_local.shape[1] // 2
-    if tuple(w2_local.shape) != (num_local, hidden_size, inter):
-        raise ValueError(f"w2_local: expected [{num_local}, {hidden_size}, {inter}], got {tuple(w2_local.shape)}")
-    if b13_local is not None and tuple(b13_local.shape) != (num_local, 2 * inter):
-        raise ValueError(f"b13_local: expected [{num_local}, {2 * inter}], got {tuple(b13_local.shape)}")
-    if b2_local is not None and tuple(b2_local.shape) != (num_local, hidden_size):
-        raise ValueError(f"b2_local: expected [{num_local}, {hidden_size}], got {tuple(b2_local.shape)}")
-    for name, w in (("w13_local", w13_local), ("w2_local", w2_local)):
-        if w.dtype != hidden.dtype:
-            raise TypeError(f"{name}: expected dtype {hidden.dtype} (as hidden), got {w.dtype}")
-    if topk_ids is None:
-        if router_logits is None:
-            raise ValueError("router_logits: expected [T, E_global] logits when topk_ids is not given, got None")
-        if tuple(router_logits.shape) != (num_tokens, ep_config.num_global_experts):
-            raise ValueError(
-                f"router_logits: expected [{num_tokens}, {ep_config.num_global_experts}], got {tuple(router_logits.shape)}"
-            )
-    else:
-        if topk_weights is None or topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != num_tokens:
-            raise ValueError(
-                f"topk_weights, topk_ids: expected both [T={num_tokens}, k], got "
-                f"{getattr(topk_weights, 'shape', None)}, {tuple(topk_ids.shape)}"
-            )
-        if topk_ids.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"topk_ids: expected int32 or int64, got {topk_ids.dtype}")
+    if not isinstance(routing, RoutingConfig):
+        raise TypeError(f"routing: expected a RoutingConfig, got {type(routing).__name__}")
+    problem = validate_moe(
+        hidden, w13_local, w2_local, router_logits=router_logits, routing=routing, topk_weights=topk_weights,
+        topk_ids=topk_ids, b13=b13_local, b2=b2_local, e_score_correction_bias=e_score_correction_bias,
+        id_check=IdCheck.CHECK if topk_ids is not None and topk_ids.device.type == "cpu" else IdCheck.SKIP,
+        num_global_experts=ep_config.num_global_experts, weight_names=("w13_local", "w2_local", "b13_local", "b2_local"),
+    )
+    if problem.num_experts != ep_config.num_local_experts:
+        raise ValueError(f"w13_local: expected [E_local={ep_config.num_local_experts}, 2I, H] "
+                         f"(ep_config.num_local_experts), got {tuple(w13_local.shape)}")
+    if not _is_int(align) or align < 1:
+        raise ValueError(f"align: expected an int >= 1 (rows per expert are padded to a multiple of it), got {align!r}")
 
 
 def ep_fused_moe(
@@ -519,7 +511,10 @@ def ep_fused_moe(
     router_logits [T, E_global] (routed here with `routing`) or (topk_weights, topk_ids) with global ids.
     w13_local / w2_local (and biases) are this rank's experts in local-id order (shard_experts).
     """
-    _check_inputs(hidden, w13_local, w2_local, router_logits, topk_weights, topk_ids, ep_config, b13_local, b2_local)
+    _check_inputs(
+        hidden, w13_local, w2_local, router_logits, routing, topk_weights, topk_ids, ep_config, b13_local, b2_local,
+        e_score_correction_bias, align,
+    )
     _check_group(ep_config, group)
     activation = Activation.parse(activation)
     if topk_ids is None:

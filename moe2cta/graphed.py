@@ -38,7 +38,7 @@ import torch
 
 from .api import MoELayer
 from .capture import capture_cuda_graph
-from .config import Backend
+from .config import Backend, IdCheck
 from .router.config import parse_enum
 from .validation import FLOAT_DTYPES, INT_DTYPES, require_tensor
 
@@ -131,6 +131,9 @@ class GraphedMoELayer:
         elif isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= layer.num_global_experts:
             raise ValueError(f"top_k: expected an int in [1, {layer.num_global_experts}] (the experts), got {top_k!r}")
         self.top_k = top_k
+        if layer.id_check is IdCheck.CHECK:
+            raise ValueError("layer: id_check=check reads topk_ids / expert_map back to the host and cannot be "
+                             "captured; build the MoELayer with id_check auto or skip")
         device = layer.w13.device
         if device.type != "cuda":
             raise ValueError(f"layer: CUDA graphs need a layer on a CUDA device, got its weights on {device}")

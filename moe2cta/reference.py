@@ -13,6 +13,7 @@ import torch
 
 from .grouped_gemm import Activation, apply_activation, grouped_gemm1_reference, grouped_gemm2_reference
 from .router import RoutingConfig
+from .router.config import parse_enum
 from .router.reference import combine_reference, dispatch_reference, gather_reference, route_reference
 
 __all__ = ["RouterWeightOn", "moe_reference", "moe_forward_reference"]
@@ -23,6 +24,10 @@ class RouterWeightOn(enum.Enum):
 
     OUTPUT = "output"
     INPUT = "input"
+
+    @classmethod
+    def parse(cls, value: "RouterWeightOn | str") -> "RouterWeightOn":
+        return parse_enum(cls, value, "router_weight_on")
 
 
 def moe_reference(
@@ -42,6 +47,8 @@ def moe_reference(
 
     Slots whose expert maps to -1 through expert_map (or id -1) contribute zero.
     """
+    activation = Activation.parse(activation)
+    router_weight_on = RouterWeightOn.parse(router_weight_on)
     num_tokens, top_k = topk_ids.shape
     intermediate = w13.shape[1] // 2
     x = hidden.to(dtype)
@@ -91,6 +98,8 @@ def moe_forward_reference(
     align: int = 128,
 ) -> torch.Tensor:
     """The product's pipeline with torch twins at every stage; output in hidden.dtype."""
+    activation = Activation.parse(activation)
+    router_weight_on = RouterWeightOn.parse(router_weight_on)
     if topk_ids is None:
         topk_weights, topk_ids = route_reference(router_logits, routing, e_score_correction_bias)
     num_tokens, top_k = topk_ids.shape

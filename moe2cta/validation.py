@@ -87,31 +87,34 @@ def check_weights(
     b13: torch.Tensor | None = None,
     b2: torch.Tensor | None = None,
     expert_map: torch.Tensor | None = None,
+    names: tuple[str, str, str, str] = ("w13", "w2", "b13", "b2"),
 ) -> tuple[int, int, int, int]:
-    """Shapes, dtypes and devices of the expert weights -> (E local, I, H, E global)."""
-    require_tensor("w13", w13, dtypes=FLOAT_DTYPES)
+    """Shapes, dtypes and devices of the expert weights -> (E local, I, H, E global). `names`: what the errors call
+    w13, w2, b13 and b2 (the caller's argument names)."""
+    n13, n2, nb13, nb2 = names
+    require_tensor(n13, w13, dtypes=FLOAT_DTYPES)
     if w13.dim() != 3:
-        raise ValueError(f"w13: expected a 3-D tensor [E, 2I, H], got shape {tuple(w13.shape)}")
+        raise ValueError(f"{n13}: expected a 3-D tensor [E, 2I, H], got shape {tuple(w13.shape)}")
     num_experts, two_i, hidden = w13.shape
     if num_experts < 1 or hidden < 1 or two_i < 2 or two_i % 2:
-        raise ValueError(f"w13: expected shape [E, 2I, H] with E >= 1, I >= 1, H >= 1, got {tuple(w13.shape)}")
+        raise ValueError(f"{n13}: expected shape [E, 2I, H] with E >= 1, I >= 1, H >= 1, got {tuple(w13.shape)}")
     intermediate = two_i // 2
-    require_tensor("w2", w2, dtypes=FLOAT_DTYPES)
+    require_tensor(n2, w2, dtypes=FLOAT_DTYPES)
     if w2.dim() != 3:
-        raise ValueError(f"w2: expected a 3-D tensor [E, H, I], got shape {tuple(w2.shape)}")
-    _require_shape("w2", w2, (num_experts, hidden, intermediate), "[E, H, I] with E, H, I from w13 [E, 2I, H]")
+        raise ValueError(f"{n2}: expected a 3-D tensor [E, H, I], got shape {tuple(w2.shape)}")
+    _require_shape(n2, w2, (num_experts, hidden, intermediate), f"[E, H, I] with E, H, I from {n13} [E, 2I, H]")
     if w2.dtype != w13.dtype:
-        raise TypeError(f"w2: expected dtype {_dtype_name(w13.dtype)} (the dtype of w13), got {_dtype_name(w2.dtype)}")
+        raise TypeError(f"{n2}: expected dtype {_dtype_name(w13.dtype)} (the dtype of {n13}), got {_dtype_name(w2.dtype)}")
     device = w13.device
-    _require_device("w2", w2, device)
-    for name, bias, shape in (("b13", b13, (num_experts, two_i)), ("b2", b2, (num_experts, hidden))):
+    _require_device(n2, w2, device)
+    for name, bias, shape in ((nb13, b13, (num_experts, two_i)), (nb2, b2, (num_experts, hidden))):
         if bias is None:
             continue
         require_tensor(name, bias)
         if bias.dtype not in (w13.dtype, torch.float32):
             allowed = _dtype_name(w13.dtype) + (" (the weights' dtype) or float32" if w13.dtype != torch.float32 else "")
             raise TypeError(f"{name}: expected dtype {allowed}, got {_dtype_name(bias.dtype)}")
-        _require_shape(name, bias, shape, "[E, 2I]" if name == "b13" else "[E, H]")
+        _require_shape(name, bias, shape, "[E, 2I]" if name == nb13 else "[E, H]")
         _require_device(name, bias, device)
     num_global = num_experts
     if expert_map is not None:
@@ -119,7 +122,7 @@ def check_weights(
         if expert_map.shape[0] < num_experts:
             raise ValueError(
                 f"expert_map: expected one entry per global expert, at least E={num_experts} (the local expert "
-                f"count of w13), got {expert_map.shape[0]}"
+                f"count of {n13}), got {expert_map.shape[0]}"
             )
         _require_device("expert_map", expert_map, device)
         num_global = expert_map.shape[0]
@@ -205,20 +208,28 @@ def validate_moe(
     e_score_correction_bias: torch.Tensor | None = None,
     expert_map: torch.Tensor | None = None,
     id_check: IdCheck = IdCheck.CHECK,
+    num_global_experts: int | None = None,
+    weight_names: tuple[str, str, str, str] = ("w13", "w2", "b13", "b2"),
 ) -> MoEProblem:
-    """All checks of one fused_moe call; returns the problem's shapes. id_check must be CHECK or SKIP."""
-    num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map)
+    """All checks of one fused_moe call; returns the problem's shapes. id_check must be CHECK or SKIP.
+
+    num_global_experts: E_g where no expert_map says it (expert parallelism: the rank's local weights, global ids);
+    by default the experts of w13. weight_names: what the errors call w13, w2, b13 and b2."""
+    num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map, weight_names)
+    if num_global_experts is not None and expert_map is None:
+        num_global = num_global_experts
+    n13 = weight_names[0]
     require_tensor("hidden", hidden, dtypes=FLOAT_DTYPES)
     if hidden.dim() != 2:
         raise ValueError(f"hidden: expected a 2-D tensor [T, H], got shape {tuple(hidden.shape)}")
     if hidden.shape[1] != hidden_size:
-        raise ValueError(f"hidden: expected shape [T, {hidden_size}] (H from w13 [E, 2I, H]), got {tuple(hidden.shape)}")
+        raise ValueError(f"hidden: expected shape [T, {hidden_size}] (H from {n13} [E, 2I, H]), got {tuple(hidden.shape)}")
     if w13.dtype != hidden.dtype:
         raise TypeError(
-            f"w13: expected dtype {_dtype_name(hidden.dtype)} (the dtype of hidden), got {_dtype_name(w13.dtype)}"
+            f"{n13}: expected dtype {_dtype_name(hidden.dtype)} (the dtype of hidden), got {_dtype_name(w13.dtype)}"
         )
     device = hidden.device
-    for name, tensor in (("w13", w13), ("w2", w2), ("b13", b13), ("b2", b2), ("expert_map", expert_map)):
+    for name, tensor in zip(weight_names + ("expert_map",), (w13, w2, b13, b2, expert_map)):
         _require_device(name, tensor, device)
     num_tokens = hidden.shape[0]
     if routing is not None and not isinstance(routing, RoutingConfig):

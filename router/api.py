@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import enum
 import functools
-import os
 
 import torch
 
-from .config import RoutingConfig, Scoring, parse_enum
+from .config import RoutingConfig, Scoring, parse_enum, triton_interpreting
 from .reference import (
     DEFAULT_TILE_HEIGHTS,
     Dispatch,
@@ -78,7 +77,7 @@ def _resolve(backend, tensor: torch.Tensor) -> RouterBackend:
     backend = RouterBackend.parse(backend)
     if backend is RouterBackend.AUTO:
         return RouterBackend.TRITON if tensor.is_cuda else RouterBackend.TORCH
-    if backend is RouterBackend.TRITON and not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if backend is RouterBackend.TRITON and not tensor.is_cuda and not triton_interpreting():
         raise ValueError("backend: TRITON needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     return backend
 
@@ -289,6 +288,7 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, align: int = 128,
     past 32K slots).
     """
     heights = _check_dispatch_args(topk_ids, num_experts, align, tile_heights, expert_map)
+    scheme = parse_enum(DispatchScheme, scheme, "scheme")
     if _resolve(backend, topk_ids) is RouterBackend.TORCH:
         return dispatch_reference(topk_ids, num_experts, align=align, tile_heights=heights, expert_map=expert_map)
     num_tokens, top_k = topk_ids.shape
@@ -300,7 +300,6 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, align: int = 128,
     if expert_map is not None and expert_map.dtype != torch.int32:
         expert_map = expert_map.to(torch.int32)
     bufs = _dispatch_buffers(num_tokens, top_k, num_experts, align, heights, topk_ids.device)
-    scheme = DispatchScheme(scheme) if not isinstance(scheme, DispatchScheme) else scheme
     _launch_dispatch(ids_flat, num_tokens * top_k, bufs[4].numel(), expert_map, bufs, base_meta, offset_meta,
                      scheme, block_slots)
     return Dispatch(*bufs, align, heights)
@@ -476,6 +475,12 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
     _check_dispatch(disp)
     if disp.slot_rows.numel() != num_tokens * top_k:
         raise ValueError(f"disp: slot_rows has {disp.slot_rows.numel()} slots, expected T*k = {num_tokens * top_k}")
+    max_rows = disp.sorted_slots.numel()
+    if y.shape[0] < max_rows:
+        raise ValueError(
+            f"y: expected at least {max_rows} rows (the dispatch's padded expert order, disp.sorted_slots), "
+            f"got shape {tuple(y.shape)}"
+        )
     if topk_weights is not None:
         _check_tensor("topk_weights", topk_weights, 2, (torch.float32,))
         if tuple(topk_weights.shape) != (num_tokens, top_k):

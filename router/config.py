@@ -3,8 +3,21 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import numbers
+import os
+import sys
 
 __all__ = ["Scoring", "RoutingConfig"]
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton runs kernels in its interpreter now: triton.knobs once Triton is imported, else
+    TRITON_INTERPRET parsed as Triton parses it ("1", "true", "yes", "on", "y"). Read at call time."""
+    knobs = getattr(sys.modules.get("triton"), "knobs", None)  # triton >= 3.4
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on", "y")
 
 
 def parse_enum(enum_cls, value, argument: str):
@@ -55,6 +68,18 @@ class RoutingConfig:
         object.__setattr__(self, "scoring", Scoring.parse(self.scoring))
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1:
             raise ValueError(f"top_k: expected an int >= 1, got {self.top_k!r}")
+        if not isinstance(self.renormalize, bool):
+            raise TypeError(f"renormalize: expected a bool, got {self.renormalize!r}")
+        for name in ("num_expert_group", "topk_group"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError(f"{name}: expected an int or None, got {value!r}")
+        factor = self.routed_scaling_factor
+        if not isinstance(factor, numbers.Real) or isinstance(factor, bool):
+            raise TypeError(f"routed_scaling_factor: expected a real number, got {factor!r}")
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"routed_scaling_factor: expected a finite number > 0, got {factor!r}")
+        object.__setattr__(self, "routed_scaling_factor", float(factor))
         if (self.num_expert_group is None) != (self.topk_group is None):
             raise ValueError(
                 "num_expert_group, topk_group: expected both or neither, got "
@@ -71,8 +96,6 @@ class RoutingConfig:
                 raise ValueError(
                     f"topk_group: expected 1..num_expert_group ({self.num_expert_group}), got {self.topk_group}"
                 )
-        if not (self.routed_scaling_factor > 0):
-            raise ValueError(f"routed_scaling_factor: expected > 0, got {self.routed_scaling_factor!r}")
 
     def check_num_experts(self, num_experts: int) -> None:
         """Raise ValueError if this config cannot route over num_experts experts."""

@@ -126,10 +126,14 @@ def dispatch_reference(
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
     ids = topk_ids.reshape(-1).long()
-    if expert_map is not None:
-        local = torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], torch.full_like(ids, -1))
+    if expert_map is not None:  # ids past the map's end are off-rank, as in the Triton kernel
+        in_map = (ids >= 0) & (ids < expert_map.shape[0])
+        mapped = expert_map.long()[ids.clamp(min=0, max=max(expert_map.shape[0] - 1, 0))]
+        local = torch.where(in_map, mapped, torch.full_like(ids, -1))
     else:
         local = ids
+    # Ids outside [0, num_experts) are off-rank: they get no row (slot_rows -1), as in the Triton kernel.
+    local = torch.where((local >= 0) & (local < num_experts), local, torch.full_like(local, -1))
     on_rank = local >= 0
     counts = torch.bincount(local[on_rank], minlength=num_experts)[:num_experts]
     token_offsets = torch.zeros(num_experts + 1, dtype=torch.long, device=device)

@@ -47,14 +47,13 @@ from __future__ import annotations
 
 import enum
 import functools
-import os
 import types
 
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .config import parse_enum
+from .config import parse_enum, triton_interpreting
 
 __all__ = [
     "GroupReduce",
@@ -424,14 +423,6 @@ def route_kernel(
 _JIT_NAMES = ("_exp_f32", "_pack_keys", "_unpack_index", "_unpack_key", "_pack_logit_keys", "_unpack_logit",
               "_argmax_untaken", "_softmax_probs", "_topk_score_int64", "_topk_logit_int32", "_softmax_logit_int32",
               "route_token_block", "route_kernel")
-
-
-def triton_interpreting() -> bool:
-    """Whether triton.jit would build interpreted kernels now (TRITON_INTERPRET, read at call time)."""
-    knobs = getattr(triton, "knobs", None)  # triton >= 3.4
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def build_jit_namespace(module_globals: dict, names: tuple, extra: tuple = ()) -> types.SimpleNamespace:

@@ -95,6 +95,15 @@ def test_fake_implementation_checks_shapes(registered):
             torch.ops.moe2cta.moe_forward(hidden, torch.empty(5, 8), name)
         with pytest.raises(ValueError, match="topk_ids: expected"):
             torch.ops.moe2cta.moe_forward_topk(hidden, torch.empty(4, 2), torch.empty(3, 2, dtype=torch.int32), name)
+        # what a tracer can check beyond T and H: the experts' width, k, dtypes
+        with pytest.raises(ValueError, match="^router_logits: expected shape"):
+            torch.ops.moe2cta.moe_forward(hidden, torch.empty(4, 7), name)
+        with pytest.raises(TypeError, match="^hidden: expected dtype torch.float32"):
+            torch.ops.moe2cta.moe_forward(hidden.half(), logits, name)
+        with pytest.raises(ValueError, match="^topk_ids: expected 2 columns"):
+            torch.ops.moe2cta.moe_forward_topk(hidden, torch.empty(4, 3), torch.empty(4, 3, dtype=torch.int32), name)
+        with pytest.raises(TypeError, match="^topk_ids: expected dtype"):
+            torch.ops.moe2cta.moe_forward_topk(hidden, torch.empty(4, 2), torch.empty(4, 2), name)
 
 
 def test_registry_errors(registered):

@@ -234,6 +234,8 @@ def test_is_supported_reasons_on_cpu(monkeypatch):
     assert not ok and "float16" in reason
     with pytest.raises(ValueError, match="^hidden"):
         is_supported("torch", layer["hidden"][:, :8], layer["w13"], layer["w2"])
+    with pytest.raises(ValueError, match="^top_k: expected <= num_experts"):
+        is_supported("torch", *args, routing=RoutingConfig(top_k=9))
 
 
 def test_auto_never_picks_the_interpreter(monkeypatch):
@@ -494,6 +496,20 @@ _TRITON_SCRIPT = textwrap.dedent(
         err = (packed(h[:T], logits[:T]).double() - ref).abs().max().item() / scale
         bound = 2 * (same.double() - ref).abs().max().item() / scale + 1e-5
         assert err <= bound, ("chunked", T, err, bound)
+    # weights with other strides (views of K-major copies): the grouped GEMMs take them; the token GEMVs need
+    # contiguous weights, so every batch size runs the grouped path instead of failing at T <= 8
+    strided13, strided2 = w13.transpose(1, 2).contiguous().transpose(1, 2), w2.transpose(1, 2).contiguous().transpose(1, 2)
+    layer = moe2cta.MoELayer(strided13, strided2, routing=routing, activation=act, b13=b13, b2=b2, align=16,
+                             backend="triton")
+    for T in (11, 2):
+        assert not layer._runs_token_gemvs(T)
+        w, i = moe2cta.route(logits[:T], routing, backend="torch")
+        ref = moe2cta.moe_reference(h[:T], w13, w2, w, i, act, b13, b2, dtype=torch.float64)
+        same = moe2cta.moe_reference(h[:T], w13, w2, w, i, act, b13, b2, dtype=torch.float32)
+        scale = ref.abs().max().item()
+        err = (layer(h[:T], logits[:T]).double() - ref).abs().max().item() / scale
+        bound = 2 * (same.double() - ref).abs().max().item() / scale + 1e-5
+        assert err <= bound, ("strided", T, err, bound)
     print("TRITON-OK", len(cases))
     """
 )
@@ -716,6 +732,50 @@ def test_gpu_auto_splits_on_sm90():
     assert limit == 7 and moe.plan.decode_max_tokens == limit
     assert moe.backend_for(limit) is Backend.TRITON and moe.backend_for(limit + 1) is Backend.CUTE
     assert "packed_w13" in moe.prepared
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("backend,num_tokens", [("triton", 4), ("triton", 64), ("cute", 64), ("auto", 1024)])
+def test_gpu_fused_moe_has_no_host_sync(backend, num_tokens):
+    """fused_moe prepares a layer per call: after the first call on a device (kernels, per-device constants) no
+    call reads the device back, the expert classes' bounds included (they were copied to the device per call)."""
+    layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=23)
+    routing = RoutingConfig(top_k=4)
+    ok, reason = is_supported(backend, layer["hidden"], layer["w13"], layer["w2"], routing=routing)
+    if not ok:
+        pytest.skip(reason)
+    args = (layer["hidden"], layer["w13"], layer["w2"], layer["logits"])
+    first = fused_moe(*args, routing=routing, backend=backend)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = fused_moe(*args, routing=routing, backend=backend)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(first, again)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("backend,num_tokens", [("triton", 4), ("triton", 64), ("auto", 1024)])
+def test_gpu_layer_runs_on_its_device_whichever_is_current(backend, num_tokens):
+    """Weights and inputs on cuda:1 while cuda:0 is current: every launch (Triton's follow the current device) runs on
+    cuda:1, and the result equals the layer's run with cuda:1 current."""
+    layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda:1", seed=24)
+    routing = RoutingConfig(top_k=4)
+    ok, reason = is_supported(backend, layer["hidden"], layer["w13"], layer["w2"], routing=routing)
+    if not ok:
+        pytest.skip(reason)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=routing, backend=backend)
+    with torch.cuda.device(1):
+        want = moe(layer["hidden"], layer["logits"])
+        torch.cuda.synchronize()
+    with torch.cuda.device(0):
+        got = moe(layer["hidden"], layer["logits"])
+        assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    assert got.device == torch.device("cuda", 1) and torch.equal(got, want)
 
 
 @pytest.mark.gpu

@@ -334,6 +334,40 @@ def test_config_and_input_errors():
         ep_fused_moe(h, w13[:4], w2[:4], torch.randn(3, 8), SOFTMAX_K2, two)
     with pytest.raises(ValueError, match="num_global_experts"):
         shard_experts(w13[:5], cfg)
+    # the same checks as fused_moe, each naming its argument
+    ids = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    weights = torch.rand(3, 2)
+    for call, error, name in [
+        (lambda: ep_fused_moe(h, w13, w2, torch.randn(3, 8), None, cfg), TypeError, "routing"),
+        (lambda: ep_fused_moe(h, [1], w2, torch.randn(3, 8), SOFTMAX_K2, cfg), TypeError, "w13_local"),
+        (lambda: ep_fused_moe(h.int(), w13, w2, torch.randn(3, 8), SOFTMAX_K2, cfg), TypeError, "hidden"),
+        (lambda: ep_fused_moe(h.double(), w13.double(), w2.double(), torch.randn(3, 8), SOFTMAX_K2, cfg),
+         TypeError, "w13_local"),
+        (lambda: ep_fused_moe(h, w13, w2, torch.randn(3, 8).int(), SOFTMAX_K2, cfg), TypeError, "router_logits"),
+        (lambda: ep_fused_moe(h, w13, w2, torch.randn(3, 8), SOFTMAX_K2, cfg,
+                              e_score_correction_bias=torch.zeros(8)), ValueError, "e_score_correction_bias"),
+        (lambda: ep_fused_moe(h, w13, w2, torch.randn(3, 8), SOFTMAX_K2, cfg,
+                              b13_local=torch.zeros(8, 32, dtype=torch.int32)), TypeError, "b13_local"),
+        (lambda: ep_fused_moe(h, w13, w2, None, SOFTMAX_K2, cfg, topk_weights=weights.int(), topk_ids=ids),
+         TypeError, "topk_weights"),
+        (lambda: ep_fused_moe(h, w13, w2, None, RoutingConfig(top_k=3), cfg, topk_weights=weights, topk_ids=ids),
+         ValueError, "topk_ids"),
+        (lambda: ep_fused_moe(h, w13, w2, None, SOFTMAX_K2, cfg, topk_weights=weights, topk_ids=ids + 3),
+         ValueError, "topk_ids"),  # values past E_global, checked on the CPU
+        (lambda: ep_fused_moe(h, w13, w2, None, SOFTMAX_K2, cfg, topk_weights=weights, topk_ids=ids - 1),
+         ValueError, "topk_ids"),
+        (lambda: ep_fused_moe(h, w13, w2, torch.randn(3, 8), SOFTMAX_K2, cfg, align=0), ValueError, "align"),
+        (lambda: ep_fused_moe(h, w13, w2, torch.randn(3, 8), SOFTMAX_K2, cfg, router_weight_on="both"),
+         ValueError, "router_weight_on"),
+        (lambda: expert_map_for(0, 8, 4), ValueError, "num_global_experts"),
+    ]:
+        with pytest.raises(error, match=f"^{name}: "):
+            call()
+    # router_weight_on as a string acts as its enum member
+    logits = torch.randn(3, 8)
+    for on in RouterWeightOn:
+        assert torch.equal(ep_fused_moe(h, w13, w2, logits, SOFTMAX_K2, cfg, router_weight_on=on.value),
+                           ep_fused_moe(h, w13, w2, logits, SOFTMAX_K2, cfg, router_weight_on=on))
 
 
 def test_send_layout_matches_router_dispatch_over_ranks():

@@ -77,6 +77,8 @@ def test_arguments_are_named_in_errors():
     # valid arguments on a layer that cannot be captured: the reason names the layer
     with pytest.raises(ValueError, match="layer: CUDA graphs need a layer on a CUDA device"):
         GraphedMoELayer(moe, [1, 8], inputs="topk", output=GraphOutput.STATIC_BUFFER)
+    with pytest.raises(ValueError, match="layer: id_check=check reads topk_ids"):
+        GraphedMoELayer(_cpu_layer(id_check="check"), [1])
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -331,6 +331,43 @@ def test_forward_matches_loop_fp32(case):
     assert rel_err(direct, want) < 1e-5
 
 
+def test_string_options_are_parsed_not_ignored():
+    """router_weight_on / activation given as strings act as their enums (a string matched neither enum member
+    before, so the router weights were silently left out); an unknown string is an error naming the argument."""
+    x, w13, w2, _, _ = make_layer(6, 16, 8, 8, seed=12)
+    logits = torch.randn(6, 8, generator=torch.Generator().manual_seed(13))
+    routing = RoutingConfig(top_k=2)
+    weights, ids = route_reference(logits, routing)
+    for on in RouterWeightOn:
+        want = moe_reference(x, w13, w2, weights, ids, Activation.GELU_GATED, router_weight_on=on)
+        assert torch.equal(moe_reference(x, w13, w2, weights, ids, "gelu_gated", router_weight_on=on.value), want)
+        want = moe_forward_reference(x, w13, w2, logits, routing, activation=Activation.GELU_GATED, router_weight_on=on)
+        got = moe_forward_reference(x, w13, w2, logits, routing, activation="gelu_gated", router_weight_on=on.value)
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="^router_weight_on: expected one of"):
+        moe_reference(x, w13, w2, weights, ids, router_weight_on="both")
+    with pytest.raises(ValueError, match="^activation: expected one of"):
+        moe_forward_reference(x, w13, w2, logits, routing, activation="relu")
+
+
+def test_routing_config_checks_its_types():
+    assert RoutingConfig(top_k=2, routed_scaling_factor=2).routed_scaling_factor == 2.0
+    for kwargs, error, name in [
+        (dict(routed_scaling_factor="2.5"), TypeError, "routed_scaling_factor"),
+        (dict(routed_scaling_factor=True), TypeError, "routed_scaling_factor"),
+        (dict(routed_scaling_factor=torch.ones(2)), TypeError, "routed_scaling_factor"),
+        (dict(routed_scaling_factor=float("inf")), ValueError, "routed_scaling_factor"),
+        (dict(routed_scaling_factor=float("nan")), ValueError, "routed_scaling_factor"),
+        (dict(routed_scaling_factor=0.0), ValueError, "routed_scaling_factor"),
+        (dict(renormalize="no"), TypeError, "renormalize"),
+        (dict(scoring="sigmoid_grouped", num_expert_group=2.0, topk_group=1), TypeError, "num_expert_group"),
+        (dict(scoring="sigmoid_grouped", num_expert_group=True, topk_group=1), TypeError, "num_expert_group"),
+        (dict(scoring="sigmoid_grouped", num_expert_group=4, topk_group="2"), TypeError, "topk_group"),
+    ]:
+        with pytest.raises(error, match=f"^{name}: expected"):
+            RoutingConfig(top_k=2, **kwargs)
+
+
 @pytest.mark.parametrize("activation", list(Activation))
 def test_forward_small_integers_exact(activation):
     """Small-integer inputs: every product and sum is exact in fp32 (SwiGLU's sigmoid is not, so compare

@@ -163,6 +163,28 @@ def test_dispatch_expert_map_and_dropped_slots(scheme):
     assert (got.slot_rows == -1).any()
 
 
+@pytest.mark.parametrize("scheme", [DispatchScheme.SINGLE_PROGRAM, DispatchScheme.MULTI_BLOCK])
+def test_dispatch_ids_outside_the_experts_are_off_rank(scheme):
+    """The contract for ids the layer does not range-check (id_check=skip): ids >= E, ids past the map's end and map
+    values >= E get no row (slot_rows -1) in the kernel and in its torch twin alike."""
+    gen = torch.Generator().manual_seed(8)
+    ids = _random_ids(7, 2, 6, gen)
+    ids[0, 1], ids[3, 0], ids[5, 1] = 6, 1000, -7
+    ids = ids.to(DEVICE)
+    got = dispatch(ids, 6, align=4, backend=TRITON, scheme=scheme, block_slots=16)
+    want = dispatch_reference(ids, 6, align=4)
+    assert_dispatch_equal(got, want)
+    assert want.slot_rows.view(7, 2)[0, 1] == -1 and want.slot_rows.view(7, 2)[3, 0] == -1
+    expert_map = torch.tensor([0, 1, 2, 3, 9, -1, 4, 5], dtype=torch.int32, device=DEVICE)  # global 4 maps past E
+    ids = _random_ids(7, 2, 8, gen)
+    ids[1, 0], ids[2, 1], ids[4, 0] = 4, 8, 1000  # mapped past E, at and past the map's end
+    ids = ids.to(DEVICE)
+    got = dispatch(ids, 6, align=4, expert_map=expert_map, backend=TRITON, scheme=scheme, block_slots=16)
+    want = dispatch_reference(ids, 6, align=4, expert_map=expert_map)
+    assert_dispatch_equal(got, want)
+    assert (want.slot_rows.view(7, 2)[[1, 2, 4], [0, 1, 0]] == -1).all()
+
+
 def test_dispatch_rewrites_stale_rows():
     """A second call into fresh buffers must not depend on a first; also int64 ids are accepted."""
     gen = torch.Generator().manual_seed(11)
@@ -183,6 +205,9 @@ def test_dispatch_validation():
         dispatch(ids, 513, backend=TRITON)
     with pytest.raises(ValueError, match="block_slots"):
         dispatch(ids, 8, backend=TRITON, scheme=DispatchScheme.MULTI_BLOCK, block_slots=24)
+    for backend in (TRITON, RouterBackend.TORCH):
+        with pytest.raises(ValueError, match="^scheme: expected one of"):
+            dispatch(ids, 8, backend=backend, scheme="fast")
 
 
 @pytest.mark.parametrize("dtype,hidden_size,with_scale", [(torch.float16, 40, False), (torch.float32, 64, True),
@@ -280,6 +305,9 @@ def test_combine_matches_reference(dtype, out_dtype, with_weights):
     torch.testing.assert_close(got.float().cpu(), want.float().cpu(), rtol=tol, atol=tol)
     again = combine(y, disp, weights, num_tokens, top_k, out_dtype=out_dtype, backend=TRITON)
     assert torch.equal(got, again)
+    for backend in (TRITON, RouterBackend.TORCH):  # fewer rows than the dispatch addresses: named, not read
+        with pytest.raises(ValueError, match=r"^y: expected at least \d+ rows"):
+            combine(y[:4], disp, weights, num_tokens, top_k, out_dtype=out_dtype, backend=backend)
 
 
 @pytest.mark.parametrize("use_map", [False, True])

@@ -318,6 +318,25 @@ def test_default_config_cpu(interpret):
             assert ok, reason
 
 
+def test_default_config_estimates_routed_rows_from_align(interpret, monkeypatch):
+    """The default config's bucket comes from max_rows - E * (align - 1): the routed rows of the batch for the
+    dispatch's align (a layer of align 16 or 256 gets the tiles of its true batch size)."""
+    seen = []
+    real = tg.default_config
+    monkeypatch.setattr(tg, "default_config", lambda problem: seen.append(problem.routed_rows) or real(problem))
+    gen = torch.Generator().manual_seed(5)
+    num_experts, top_k, hidden_dim, inter, num_tokens = 4, 2, 32, 16, 5
+    hidden = torch.randn(num_tokens, hidden_dim, generator=gen)
+    w13 = torch.randn(num_experts, 2 * inter, hidden_dim, generator=gen) / hidden_dim**0.5
+    for align in (1, 16, 128, 256):
+        disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, generator=gen), num_experts, align=align)
+        a1 = gathered(hidden, disp["sorted_slots"], top_k)
+        triton_grouped_gemm1(a1, w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"], align=align)
+        assert seen[-1] == num_tokens * top_k, (align, seen[-1])
+    with pytest.raises(ValueError, match="^align"):
+        triton_grouped_gemm1(a1, w13, disp["row_offsets"], disp["counts"], disp["tile_offsets"], align=0)
+
+
 def test_can_implement_and_argument_errors():
     problem = GroupedGemmProblem(GemmStage.GEMM1, 8, 256, 256, 64)
     assert can_implement(TritonGemmConfig(), problem) == (True, "")

@@ -132,6 +132,24 @@ def test_expert_map_unused_slots_and_default_config_cpu(interpret):
     assert torch.equal(out, torch.zeros_like(out))
 
 
+def test_ids_outside_the_experts_add_nothing_cpu(interpret):
+    """Ids past the experts (no map), past the map's end, or mapped past the local experts are off-rank, as the
+    dispatch treats them (id_check=skip hands such ids to the kernels): they add nothing and address nothing."""
+    c = make_case(3, 2, 4, 32, 16, torch.float32, seed=4)
+    kept = c["ids"].clone()
+    c["ids"][0, 1] = 4  # == E
+    c["ids"][2, 0] = 1000
+    a2, out = run_both(c, Activation.SWIGLU, W13Layout.GATE_THEN_UP)
+    valid_ids = torch.where((c["ids"] >= 0) & (c["ids"] < 4), c["ids"], torch.full_like(c["ids"], -1))
+    check(dict(c, ids=valid_ids), a2, out, Activation.SWIGLU)
+    expert_map = torch.tensor([0, 1, 2, 3, 7, -1], dtype=torch.int32)  # global 4 maps past the 4 local experts
+    c["ids"] = kept.clone()
+    c["ids"][0, 1], c["ids"][1, 0], c["ids"][2, 1] = 4, 6, 1000  # mapped too far, past the map (twice)
+    a2, out = run_both(c, Activation.SWIGLU, W13Layout.CHUNKED, expert_map=expert_map)
+    valid_ids = torch.where(c["ids"] < 4, c["ids"], torch.full_like(c["ids"], -1))
+    check(dict(c, ids=valid_ids), a2, out, Activation.SWIGLU)
+
+
 def test_empty_batch_and_bit_stable_cpu(interpret):
     c = make_case(0, 2, 4, 32, 16, torch.float32)
     a2, out = run_both(c, Activation.SWIGLU, W13Layout.GATE_THEN_UP)
