@@ -80,6 +80,10 @@ subset of the experts, the others given 0 rows by `counts` while row_offsets kee
 classes, sm90_grouped_gemm.expert_classes): their m-blocks cost a unit fetch each, not a weight pass.
 The per-unit expert search (binary search over row_offsets) reads SMEM copies made at kernel start.
 
+Grid: persistent, one CTA per SM (a CTA takes a whole SM's SMEM). The CTA count is a launch argument (num_ctas,
+the device's SMs in whole clusters: sm90_grouped_gemm.persistent_ctas), not a compile-time fact, and the kernels
+read it back from the grid, so one compiled kernel fits every Hopper part.
+
 Schedulers: STATIC (unit = cluster id + i * clusters) or DYNAMIC (the producer's lane 0 of each cluster's
 rank 0 takes units from a global atomic counter one unit ahead and hands them to the consumers, and to
 rank 1, through the scheduler pipeline; both CTAs of a cluster so always work on the same unit), or DYNAMIC_SIDES
@@ -164,7 +168,6 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         num_experts: int,
         scheduler: str,
         raster: str,
-        num_sms: int,
         consumers: str = CONSUMERS_COOPERATIVE,
         raster_group_m: int = 8,
         padding_rows: str = PADDING_MULTIPLY,
@@ -195,7 +198,6 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         self.sides = scheduler == SCHED_DYNAMIC_SIDES
         self.raster = raster
         self.raster_group_m = raster_group_m
-        self.num_sms = num_sms
         self.out_tile_n = tile_n // 2 if self.gated else tile_n
         self.num_consumer_wg = 2 if self.pingpong else tile_m // 64
         self.mma_wg = 1 if self.pingpong else self.num_consumer_wg  # warpgroups sharing one tile's MMA
@@ -221,11 +223,12 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         row_scale: cute.Tensor,  # [M] fp32; unused unless has_row_scale
         workspace: cute.Tensor,  # [4] int32: dynamic scheduler counter, done count (DYNAMIC_SIDES: + side map)
         pair_threshold: cutlass.Int32,
+        num_ctas: cutlass.Int32,  # the persistent grid: the device's SMs (a multiple of cluster_m)
         stream,
     ):
         """A_COPY: A is the gathered copy in padded expert order."""
         self.launch(a, row_offsets, cutlass.Int32(1), b, c, row_offsets, counts, bias, row_scale, workspace,
-                    pair_threshold, stream)
+                    pair_threshold, num_ctas, stream)
 
     @cute.jit
     def call_token_rows(
@@ -241,15 +244,16 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         workspace: cute.Tensor,
         pair_threshold: cutlass.Int32,
         rows_per_token: cutlass.Int32,  # top-k: slot // rows_per_token is the token
+        num_ctas: cutlass.Int32,
         stream,
     ):
         """A_TOKEN_ROWS: GEMM1 reads the token rows itself (no gathered copy of A)."""
         self.launch(a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, pair_threshold,
-                    stream)
+                    num_ctas, stream)
 
     @cute.jit
     def launch(self, a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, pair_threshold,
-               stream):
+               num_ctas, stream):
         """Trace-time set-up (MMA atoms, SMEM layouts, copy atoms, shared storage) and the launch."""
         self.ab_dtype = a.element_type
         self.n = b.shape[1]
@@ -325,7 +329,6 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             self.tma_bytes += cute.size_in_bytes(self.ab_dtype, a_smem_one)
 
         self.shared_storage = self.make_shared_storage(a_smem_staged, b_smem_staged, epi_smem_staged)
-        num_clusters = self.num_sms // self.cluster_m
         self.kernel(
             tma_atom_a,
             tma_a,
@@ -349,7 +352,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
             self.tiled_mma,
             self.out_tiled_mma,
         ).launch(
-            grid=(num_clusters * self.cluster_m, 1, 1),
+            grid=(num_ctas, 1, 1),
             block=(self.threads, 1, 1),
             cluster=(self.cluster_m, 1, 1),
             min_blocks_per_mp=1,

@@ -77,7 +77,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
     # ------------------------------------------------------------------ host side (trace time)
     @cute.jit
     def launch(self, a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, pair_threshold,
-               stream):
+               num_ctas, stream):
         """Trace-time set-up (one-warpgroup MMA atoms, box layouts, copy atoms, shared storage) and the launch."""
         self.ab_dtype = a.element_type
         self.n = b.shape[1]
@@ -129,7 +129,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
             tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_c, tma_c, row_offsets, counts, bias, row_scale, workspace,
             a_box_staged, b_smem_staged, b_slice_staged, epi_smem_staged, main_mma, tail_mma, out_mma, out_tail_mma,
         ).launch(
-            grid=(self.num_sms, 1, 1),
+            grid=(num_ctas, 1, 1),
             block=(self.threads, 1, 1),
             cluster=(1, 1, 1),
             min_blocks_per_mp=1,

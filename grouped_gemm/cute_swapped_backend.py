@@ -99,12 +99,12 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
     consumer warpgroups."""
 
     def __init__(self, *, tile_m, tile_n, tile_k, stages, epilogue, has_bias, has_row_scale, num_experts, scheduler,
-                 raster, num_sms, token_step=0, expert_split=ExpertSplit.FILL.value, a_source=A_COPY,
+                 raster, token_step=0, expert_split=ExpertSplit.FILL.value, a_source=A_COPY,
                  dependent_launch=LAUNCH_STREAM_ORDER):
         super().__init__(
             tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, stages=stages, cluster_m=1, epilogue=epilogue,
             has_bias=has_bias, has_row_scale=has_row_scale, num_experts=num_experts, scheduler=scheduler,
-            raster=raster, num_sms=num_sms, consumers=CONSUMERS_COOPERATIVE, a_source=a_source,
+            raster=raster, consumers=CONSUMERS_COOPERATIVE, a_source=a_source,
             dependent_launch=dependent_launch,
         )
         self.wide = tile_m > WIDE_MIN_TILE_M
@@ -136,7 +136,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
     # launch; pair_threshold is unused here, kept so that every sm90 kernel has one signature)
     @cute.jit
     def launch(self, a, a_rows, rows_per_token, b, c, row_offsets, counts, bias, row_scale, workspace, pair_threshold,
-               stream):
+               num_ctas, stream):
         """Trace-time set-up (MMA atom, SMEM layouts, copy atoms, shared storage) and the launch."""
         self.ab_dtype = a.element_type
         self.c_dtype = c.element_type
@@ -195,7 +195,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         self.kernel(
             tma_atom_t, tma_t, a_rows, rows_per_token, tma_atom_w, tma_w, c, row_offsets, counts, bias, row_scale,
             workspace, t_smem_staged, t_box_staged, w_smem_staged, self.tiled_mma,
-        ).launch(grid=(self.num_sms, 1, 1), block=(self.threads, 1, 1), min_blocks_per_mp=1, stream=stream,
+        ).launch(grid=(num_ctas, 1, 1), block=(self.threads, 1, 1), min_blocks_per_mp=1, stream=stream,
                  use_pdl=self.programmatic)
 
     # ------------------------------------------------------------------ device helpers

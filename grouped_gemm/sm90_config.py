@@ -27,11 +27,15 @@ __all__ = [
     "WIDE_GEMM2_ROWS_PER_EXPERT", "WIDE160_ROWS_PER_EXPERT", "WIDE160_TILE_M", "WIDE288_ROWS_PER_EXPERT",
     "WIDE288_TILE_M", "WIDE288_TILE_N", "WIDE288_MAX_EXPERTS", "WIDE288_GEMM2_MIN_K", "WIDE288_LONG_K_GEMM2_MIN_K",
     "WIDE288_LONG_K_MAX_ROWS", "WIDE_EXPERT_SPLIT", "wide_token_box", "wide_epilogue_rows", "wide_epilogue_bytes",
-    "Sm90GemmConfig", "Sm90Problem", "FUSED_TAIL_PARTS", "unit_rows", "smem_bytes", "resolve_stages", "can_implement",
+    "ENTRY_ABI", "Sm90GemmConfig", "Sm90Problem", "FUSED_TAIL_PARTS", "unit_rows", "smem_bytes", "resolve_stages",
+    "can_implement",
 ]
 
 
 FAMILY = "sm90_grouped_gemm"
+# The entry points' signature, part of every kernel key: 2 = the grid (num_ctas, the device's SMs) is the last
+# argument before the stream (1, unversioned: the grid was fixed at 132 CTAs when the kernel was compiled).
+ENTRY_ABI = 2
 EPILOGUE_SMEM_STAGES = 2
 EPILOGUE_TILE_N = 32
 # N of a regular kernel whose last n-block is partial: whole gate / up chunk pairs (GEMM1), 16-byte C rows (GEMM2)

@@ -31,7 +31,7 @@ from .budget import ARCH_LIMITS, Arch, WorkUnit
 from .cute_runtime import KernelCache, KernelKey
 from .epilogue import Activation, GemmStage, pack_gate_up_rows, parse_epilogue_name
 from .sm90_config import (  # the configuration layer, re-exported
-    FAMILY, EPILOGUE_SMEM_STAGES, EPILOGUE_TILE_N, N_TAIL_ALIGN, BARRIER_RESERVE_BYTES, METADATA_RESERVE_BYTES,
+    FAMILY, ENTRY_ABI, EPILOGUE_SMEM_STAGES, EPILOGUE_TILE_N, N_TAIL_ALIGN, BARRIER_RESERVE_BYTES, METADATA_RESERVE_BYTES,
     Scheduler, Raster, GROUPED_RASTERS, Consumers, PaddingRows, EpilogueStore, ASource, ExpertSplit, DependentLaunch,
     Operands, SWAPPED_TILE_M, WIDE_TILE_M, WGMMA_MAX_N, WIDE_TILE_N, WIDE_ROW_ALIGN, WIDE_MAX_ACC_ELEMS, WIDE_EPI_PAD,
     SWAPPED_MAX_ROWS_PER_EXPERT, SWAPPED_TILE_M_LIMITS, SWAPPED_TILE_N, SWAPPED_TILE_K, SWAPPED_PRESET_ROWS,
@@ -205,10 +205,18 @@ def expert_classes(problem: Sm90Problem, rows_per_expert: float | None) -> tuple
             ExpertClass(regular, None))
 
 
+_CLASS_BOUNDS: dict = {}
+
+
 def class_bounds(device) -> torch.Tensor:
-    """int32 [2] on `device`: EXPERT_CLASS_MAX_ROWS, the boundaries class_counts takes (make it once, outside any
-    graph capture: a host-to-device copy)."""
-    return torch.tensor(EXPERT_CLASS_MAX_ROWS, dtype=torch.int32, device=device)
+    """int32 [2] on `device`: EXPERT_CLASS_MAX_ROWS, the boundaries class_counts takes. Made once per device (a
+    host-to-device copy: the first call must be outside any graph capture; MoELayer makes it when it is built), then
+    shared: read it, never write it."""
+    device = torch.device(device)
+    key = (device.type, device.index)
+    if key not in _CLASS_BOUNDS:
+        _CLASS_BOUNDS[key] = torch.tensor(EXPERT_CLASS_MAX_ROWS, dtype=torch.int32, device=device)
+    return _CLASS_BOUNDS[key]
 
 
 def class_counts(counts: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
@@ -413,7 +421,8 @@ def kernel_key(config: Sm90GemmConfig, problem: Sm90Problem) -> KernelKey:
         tile=(config.tile_m, config.tile_n, config.tile_k),
         cluster=(config.cluster_m, 1, 1),
         epilogue=problem.epilogue,
-        extra=(("stages", resolve_stages(config)), ("sched", config.scheduler.value), ("raster", config.raster.value))
+        extra=(("abi", ENTRY_ABI), ("stages", resolve_stages(config)), ("sched", config.scheduler.value),
+               ("raster", config.raster.value))
         + ((("group", config.raster_group_m),) if config.raster in GROUPED_RASTERS else ())
         + ((("consumers", config.consumers.value),) if config.consumers is not Consumers.COOPERATIVE else ())
         + ((("operands", config.operands.value),) if config.operands is not Operands.TOKENS_AS_M else ())
@@ -459,7 +468,6 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         num_experts=e,
         scheduler=config.scheduler.value,
         raster=config.raster.value,
-        num_sms=ARCH_LIMITS[Arch.SM90].num_sms,
         dependent_launch=config.dependent_launch.value,
     )
     if config.operands is Operands.WEIGHTS_AS_M:
@@ -487,13 +495,15 @@ def compile_kernel(config: Sm90GemmConfig, problem: Sm90Problem, keep_ptx: bool 
         dump_dir = tempfile.mkdtemp(prefix="moe2cta-ptx-")
         options += f" --keep-ptx --dump-dir {dump_dir}"
     tail = (row_offsets, counts, bias, row_scale, workspace, cutlass.Int32(0))  # pair_threshold: a runtime value
+    num_ctas = (cutlass.Int32(ARCH_LIMITS[Arch.SM90].num_sms),)  # the grid: a runtime value, the device's SMs
     try:
         if config.a_source is not ASource.EXPERT_ORDER_COPY:
             # A is the token matrix [T, K] (T symbolic too) with a_rows [M], and rows_per_token after pair_threshold
             tokens = make_fake_compact_tensor(dt, (cute.sym_int(), k), stride_order=(1, 0), assumed_align=16)
             a_rows = make_fake_compact_tensor(cutlass.Int32, (m,))
-            return _compile(cute, kernel.call_token_rows, options, (tokens, a_rows, b, c) + tail + (cutlass.Int32(1),))
-        return _compile(cute, kernel, options, (a, b, c) + tail)
+            args = (tokens, a_rows, b, c) + tail + (cutlass.Int32(1),) + num_ctas
+            return _compile(cute, kernel.call_token_rows, options, args)
+        return _compile(cute, kernel, options, (a, b, c) + tail + num_ctas)
     finally:
         if dump_dir is not None:
             shutil.rmtree(dump_dir, ignore_errors=True)
@@ -532,6 +542,19 @@ def prepare_device(device: torch.device) -> None:
                         torch.empty(1, 1, dtype=torch.float32, device=device),
                         torch.empty(1, dtype=torch.float32, device=device))
     l2_sides.side_map(device)
+
+
+_SM_COUNTS: dict = {}  # device -> its SM count
+
+
+def persistent_ctas(device: torch.device, cluster_m: int) -> int:
+    """The persistent grid of one launch: one CTA per SM of `device` (the kernels take up a whole SM), in whole
+    clusters. A runtime argument of every sm90 kernel, so that one bundle serves every Hopper part (132 SMs on the
+    H100 SXM / H200, 114 on the H100 PCIe, 78 on the H20) with neither a second wave nor idle SMs."""
+    key = (device.type, device.index)
+    if key not in _SM_COUNTS:
+        _SM_COUNTS[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(cluster_m, _SM_COUNTS[key] // cluster_m * cluster_m)
 
 
 def _launch_scratch(config, device: torch.device):
@@ -587,6 +610,7 @@ def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, direc
     workspace, dummy_bias, dummy_scale = _launch_scratch(config, a.device)
     operands = (a, w) if a_rows is None else (a, a_rows, w)
     tail = (int(config.pair_threshold),) if a_rows is None else (int(config.pair_threshold), int(rows_per_token))
+    tail += (persistent_ctas(a.device, config.cluster_m),)
     kernel(
         *operands,
         out,

@@ -57,6 +57,25 @@ def test_matches_twin(name, config, problem, routing):
     assert result["err"] <= 2 * result["err_torch_bf16"] + 1e-3, result
 
 
+# Every variant on an H20's 78 SMs; every eighth also on 7 (an odd count: PAIR clusters get 6 CTAs).
+GRID_CASES = [(78,) + v for v in VARIANTS] + [(7,) + v for v in VARIANTS[::8]]
+
+
+@pytest.mark.parametrize("sm_count,name,config,problem", GRID_CASES, ids=[f"{c[1]}-{c[0]}sms" for c in GRID_CASES])
+def test_grid_follows_the_device_sm_count(sm_count, name, config, problem, monkeypatch):
+    """The persistent grid is a launch argument (sm90_grouped_gemm.persistent_ctas): the kernels of one bundle on a
+    Hopper part of fewer SMs (78: H20) spread the same units over fewer CTAs, every scheduler and unit kind, and give
+    the twin's result."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    monkeypatch.setitem(bench.s90._SM_COUNTS, (device.type, device.index), sm_count)
+    assert bench.s90.persistent_ctas(device, config.cluster_m) == sm_count // config.cluster_m * config.cluster_m
+    gen = torch.Generator().manual_seed(hash((name, sm_count)) % 2**31)
+    result = bench.check_one(name, config, problem, "random", None, gen, _NoWatchdog())
+    assert result["unwritten_rows"] == 0, result
+    assert result["repeat_identical"], result
+    assert result["err"] <= 2 * result["err_torch_bf16"] + 1e-3, result
+
+
 SUBSET_VARIANTS = [v for v in VARIANTS if v[1].takes_expert_subsets]
 
 
