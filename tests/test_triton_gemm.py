@@ -407,8 +407,9 @@ def test_gated_activation_keeps_the_dtype_and_apply_activation_is_its_fp32_form(
     assert low.dtype == torch.bfloat16
     err = float((low.float() - exact).norm() / exact.norm())
     assert 0 < err < 1e-2, err  # a few bf16 roundings, not another function
-    with pytest.raises(ValueError, match="activation"):
-        gated_activation(gate, up, "swiglu")
+    assert torch.equal(gated_activation(gate, up, activation.value), low)  # a name is parsed, as everywhere
+    with pytest.raises(ValueError, match="^activation: expected one of"):
+        gated_activation(gate, up, "relu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
