@@ -82,6 +82,8 @@ __all__ = [
     "kernel_key",
     "compile_kernel",
     "prepare_device",
+    "config_for_rows",
+    "persistent_ctas",
     "sm90_grouped_gemm1",
     "sm90_grouped_gemm2",
     "compile_for_preset",
@@ -604,6 +606,9 @@ def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, direc
     if (a_rows is not None) != (config.a_source is not ASource.EXPERT_ORDER_COPY):
         raise ValueError(f"a_rows: a_source {config.a_source.name} "
                          + ("takes a_rows (the dispatch's sorted_slots)" if a_rows is None else "takes no a_rows"))
+    if config.operands is Operands.WEIGHTS_AS_M and out.shape[0] * out.shape[1] > DIRECT_STORE_MAX_ELEMENTS:
+        raise ValueError(f"config: a WEIGHTS_AS_M kernel stores C with 32-bit element offsets; C {tuple(out.shape)} "
+                         f"has more than 2**31 - 1 elements: take a TOKENS_AS_M config (regular_config)")
     key = kernel_key(config, problem)
     kernel = _cache_for(directory).get(key, lambda: compile_kernel(config, problem),
                                        request=lambda: kernel_request(config, problem))
@@ -657,6 +662,21 @@ def token_rows_config(problem: Sm90Problem, rows_per_expert: float | None = None
     return cfg if can_implement(cfg, problem)[0] else None
 
 
+# The WEIGHTS_AS_M kernels store C by plain st.global with 32-bit element offsets (row * N + column; the regular
+# kernel stores by TMA). Their defaults take at most WIDE288_LONG_K_MAX_ROWS rows per expert: at most about 1.3e9
+# elements for every preset, but 256 experts with an output width above ~12K would pass 2**31.
+DIRECT_STORE_MAX_ELEMENTS = 2**31 - 1
+
+
+def config_for_rows(problem: Sm90Problem, rows_per_expert: float | None, rows: int) -> Sm90GemmConfig:
+    """default_config for a launch whose output has `rows` rows: its choice, unless that is a WEIGHTS_AS_M kernel
+    whose 32-bit store offsets `rows` x N would overflow; then the regular kernel."""
+    config = default_config(problem, rows_per_expert=rows_per_expert)
+    if config.operands is Operands.WEIGHTS_AS_M and rows * problem.out_n > DIRECT_STORE_MAX_ELEMENTS:
+        return regular_config(problem, rows_per_expert=rows_per_expert)
+    return config
+
+
 def _check_a_rows(a_rows, rows_per_token):
     if not isinstance(a_rows, torch.Tensor) or a_rows.dim() != 1 or a_rows.dtype != torch.int32:
         raise TypeError(f"a_rows: expected a 1-d int32 tensor [max_rows] (the dispatch's sorted_slots), got "
@@ -702,7 +722,7 @@ def sm90_grouped_gemm1(
         config = config or token_rows_config(problem, rows_per_expert)
         if config is None:
             raise ValueError(f"a_rows: no TOKEN_ROWS configuration fits {problem}")
-    config = config or default_config(problem, rows_per_expert=rows_per_expert)
+    config = config or config_for_rows(problem, rows_per_expert, rows)
     if out is None:
         out = torch.empty(rows, two_i // 2, dtype=a.dtype, device=a.device)
     bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, rows, b13, None)
@@ -729,7 +749,7 @@ def sm90_grouped_gemm2(
     _check_common(a, w2, row_offsets, counts, "w2")
     num_experts, hidden, inter = w2.shape
     problem = Sm90Problem(GemmStage.GEMM2, hidden, inter, num_experts, a.dtype, None, b2 is not None, row_scale is not None)
-    config = config or default_config(problem, rows_per_expert=rows_per_expert)
+    config = config or config_for_rows(problem, rows_per_expert, a.shape[0])
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
     bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale)

@@ -572,6 +572,19 @@ def test_fuse_tail_limits_stages_and_key():
                                                         "_paddingskip")
 
 
+def test_direct_store_kernels_give_way_where_their_offsets_would_overflow():
+    """The WEIGHTS_AS_M kernels store C with 32-bit element offsets: where the output has more than 2**31 - 1
+    elements, config_for_rows takes the regular (TMA-store) kernel instead; below, default_config's choice."""
+    problem = s90.Sm90Problem(GemmStage.GEMM2, 7168, 2048, 256, torch.bfloat16, None, False, True)
+    small = s90.config_for_rows(problem, 16.0, 16 * 256 + 256 * 127)
+    assert small == s90.default_config(problem, rows_per_expert=16.0)
+    assert small.operands is s90.Operands.WEIGHTS_AS_M
+    rows = (2**31 - 1) // 7168 + 1
+    large = s90.config_for_rows(problem, 16.0, rows)
+    assert large.operands is s90.Operands.TOKENS_AS_M and s90.can_implement(large, problem)[0]
+    assert s90.config_for_rows(problem, 16.0, rows - 1).operands is s90.Operands.WEIGHTS_AS_M
+
+
 def test_kernel_key_is_static_and_filesystem_safe():
     p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
     key = s90.kernel_key(s90.Sm90GemmConfig(pair_threshold=1), p1)
