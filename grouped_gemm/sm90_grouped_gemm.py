@@ -554,8 +554,12 @@ def persistent_ctas(device: torch.device, cluster_m: int) -> int:
     clusters. A runtime argument of every sm90 kernel, so that one bundle serves every Hopper part (132 SMs on the
     H100 SXM / H200, 114 on the H100 PCIe, 78 on the H20) with neither a second wave nor idle SMs."""
     key = (device.type, device.index)
-    if key not in _SM_COUNTS:
+    if key not in _SM_COUNTS:  # (checked once per device: the launch path only looks it up)
+        if not isinstance(device, torch.device) or device.type != "cuda" or device.index is None:
+            raise ValueError(f"device: expected a CUDA torch.device with an index, got {device!r}")
         _SM_COUNTS[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    if cluster_m not in (1, 2):
+        raise ValueError(f"cluster_m: expected 1 or 2 (the sm90 clusters), got {cluster_m!r}")
     return max(cluster_m, _SM_COUNTS[key] // cluster_m * cluster_m)
 
 
@@ -671,6 +675,10 @@ DIRECT_STORE_MAX_ELEMENTS = 2**31 - 1
 def config_for_rows(problem: Sm90Problem, rows_per_expert: float | None, rows: int) -> Sm90GemmConfig:
     """default_config for a launch whose output has `rows` rows: its choice, unless that is a WEIGHTS_AS_M kernel
     whose 32-bit store offsets `rows` x N would overflow; then the regular kernel."""
+    if not isinstance(problem, Sm90Problem):
+        raise TypeError(f"problem: expected an Sm90Problem, got {problem!r}")
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise ValueError(f"rows: expected an int >= 0 (the output's rows), got {rows!r}")
     config = default_config(problem, rows_per_expert=rows_per_expert)
     if config.operands is Operands.WEIGHTS_AS_M and rows * problem.out_n > DIRECT_STORE_MAX_ELEMENTS:
         return regular_config(problem, rows_per_expert=rows_per_expert)

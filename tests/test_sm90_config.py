@@ -583,6 +583,12 @@ def test_direct_store_kernels_give_way_where_their_offsets_would_overflow():
     large = s90.config_for_rows(problem, 16.0, rows)
     assert large.operands is s90.Operands.TOKENS_AS_M and s90.can_implement(large, problem)[0]
     assert s90.config_for_rows(problem, 16.0, rows - 1).operands is s90.Operands.WEIGHTS_AS_M
+    with pytest.raises(ValueError, match="^rows: expected"):
+        s90.config_for_rows(problem, 16.0, -1)
+    with pytest.raises(TypeError, match="^problem: expected"):
+        s90.config_for_rows(None, 16.0, 10)
+    with pytest.raises(ValueError, match="^device: expected a CUDA"):
+        s90.persistent_ctas(torch.device("cpu"), 1)
 
 
 def test_kernel_key_is_static_and_filesystem_safe():
