@@ -293,6 +293,8 @@ def read_requests(path: str | os.PathLike) -> list[dict]:
             raise ValueError(f"{path}:{number}: not a JSON line ({exc})") from None
         if not isinstance(entry, dict) or not {"stem", "key", "request"} <= set(entry):
             raise ValueError(f"{path}:{number}: expected an object with stem, key and request")
+        if not isinstance(entry["key"], dict) or not isinstance(entry["request"], dict):
+            raise ValueError(f"{path}:{number}: expected key and request to be JSON objects")
         entries.append(entry)
     return entries
 
@@ -320,7 +322,13 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     path = pathlib.Path(directory) / MANIFEST_NAME
     if not path.exists():
         return {}
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a bundle manifest (JSON: {exc})") from None
+    if not isinstance(manifest, dict) or not all(isinstance(v, dict) and "key" in v for v in manifest.values()):
+        raise ValueError(f"{path}: not a bundle manifest (expected an object of file stem -> entry with a key)")
+    return manifest
 
 
 def _write_manifest_entry(directory: pathlib.Path, stem: str, entry: dict) -> None:

@@ -23,6 +23,7 @@ import sys
 import time
 
 from .presets import custom_preset, get_preset
+from .validation import output_dir, output_file
 
 __all__ = ["build", "build_requests", "bundle_requests", "main"]
 
@@ -116,19 +117,24 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "requests":
         try:
+            output_file(args.out, "--out")
+            for directory in args.exclude_bundle:
+                if not os.path.isfile(os.path.join(directory, "manifest.json")):
+                    raise ValueError(f"--exclude-bundle: {directory} has no manifest.json")
             count = bundle_requests(args.from_bundle, args.out, args.exclude_bundle)
-        except (TypeError, ValueError) as exc:
+        except (OSError, TypeError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print(f"{count} kernel requests -> {args.out}")
         return 0
     start = time.time()
     try:
+        output_dir(args.out, "--out")
         if args.requests:
             paths = build_requests(args.requests, args.arch, args.out, args.keep_ptx)
         else:
             paths = build(args.model, args.arch, args.out, args.keep_ptx)
-    except (RuntimeError, ValueError) as exc:
+    except (OSError, RuntimeError, TypeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for item in paths:

@@ -40,6 +40,10 @@ def _backends(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print("usage: moe2cta backends\n\nShow whether each backend can run a small bf16 layer here, and why not.")
         return 0
+    if argv:
+        print(f"usage: moe2cta backends\nmoe2cta backends: error: it takes no arguments, got {' '.join(argv)}",
+              file=sys.stderr)
+        return 2
     import torch
 
     from . import Backend, RoutingConfig, is_supported

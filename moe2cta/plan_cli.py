@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-coverage", type=float, default=None,
                    help="drop candidates under this share of the best coverage (default: the hardware model's, "
                         "H200 0.5, B200 0.8)")
-    p.add_argument("--top", type=int, default=5, help="runners-up to show")
+    p.add_argument("--top", type=int, default=5, help="shapes to show per search, the chosen one included (default 5)")
     p.add_argument("--buckets", type=int, nargs="?", const=4096, metavar="MAX_ROWS",
                    help="with --model: the chosen configuration per tokens-per-expert bucket up to MAX_ROWS (4096)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -255,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     explicit = args.tile is not None
     if not explicit and (args.stages is not None or args.unit is not None or args.accumulator_slots is not None):
         parser.error("--stages, --pair/--single and --accumulator-slots describe an explicit candidate: give --tile too")
+    if args.top < 1:
+        parser.error(f"--top: expected an int >= 1, got {args.top}")
     if args.buckets is not None:
+        if args.buckets < 1:
+            parser.error(f"--buckets: expected MAX_ROWS >= 1 (rows per expert), got {args.buckets}")
         if args.model is None or explicit or args.tokens is not None or args.counts is not None:
             parser.error("--buckets goes with --model only (no --tokens, --counts or --tile)")
         from .presets import get_preset

@@ -28,6 +28,7 @@ import time
 from . import planner, tuning
 from .grouped_gemm.budget import Arch
 from .presets import custom_preset, get_preset
+from .validation import output_dir, output_file
 
 __all__ = ["DEFAULT_BUCKETS", "DEFAULT_TOP", "PlannedKernel", "plan_kernels", "build", "run", "main"]
 
@@ -216,6 +217,13 @@ def main(argv=None) -> int:
         parser.error(f"--top: expected >= 1, got {args.top}")
     start = time.time()
     try:
+        # output paths first: a bad one must not cost the compiles or the GPU timing before it
+        if args.command == "build":
+            output_dir(args.out, "--out")
+        else:
+            for name in ("json", "cache"):
+                if getattr(args, name) is not None:
+                    output_file(getattr(args, name), f"--{name}")
         if args.command == "build":
             paths = build(args.model, args.arch, args.out, tuple(args.buckets), args.top)
             print(f"{len(paths)} kernels in {time.time() - start:.1f} s -> {args.out}")
@@ -223,7 +231,7 @@ def main(argv=None) -> int:
         log = (lambda line: print(line, flush=True)) if args.verbose else None
         rows, cache = run(args.model, args.arch, kernel_dir=args.kernel_dir, cache_path=args.cache,
                           buckets=tuple(args.buckets), top=args.top, log=log, rows=args.rows)
-    except (RuntimeError, ValueError) as exc:
+    except (OSError, RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_table(rows))

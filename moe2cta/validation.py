@@ -19,6 +19,8 @@ NaN / inf are not scanned for (that would need a sync): see moe2cta.api for what
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
 
 import torch
 
@@ -35,6 +37,8 @@ __all__ = [
     "check_id_values",
     "check_expert_map_values",
     "validate_moe",
+    "output_dir",
+    "output_file",
 ]
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -281,3 +285,28 @@ def validate_moe(
         device=device,
         has_bias=b13 is not None or b2 is not None,
     )
+
+
+def output_dir(path: str | os.PathLike, argument: str) -> pathlib.Path:
+    """A directory a command will write into, made now (parents too) and checked writable: a bad path fails before
+    the work that would write there, with a ValueError naming `argument`."""
+    path = pathlib.Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{argument}: cannot make the directory {path} ({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{argument}: the directory {path} is not writable")
+    return path
+
+
+def output_file(path: str | os.PathLike, argument: str) -> pathlib.Path:
+    """A file a command will write (or append to) later, checked now: not a directory, its directory made and
+    writable, the file itself writable if it exists. ValueError naming `argument`."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        raise ValueError(f"{argument}: {path} is a directory, expected a file path")
+    output_dir(path.parent if str(path.parent) else ".", argument)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{argument}: {path} is not writable")
+    return path

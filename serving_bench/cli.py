@@ -16,12 +16,13 @@ from pathlib import Path
 import torch
 
 from moe2cta.presets import PRESETS, custom_preset, get_preset
+from moe2cta.validation import output_dir
 
 from .backends import BACKENDS, DEFAULT_CPU_BACKENDS, DEFAULT_GPU_BACKENDS
 from .distributions import BenchRouter, DistributionKind, RoutingDistribution
 from .floors import DEFAULT_CEILINGS, CeilingSource, Ceilings, measure_ceilings
 from .progress import Progress, ProgressStyle
-from .runner import BackendOrder, RunConfig, run_benchmark
+from .runner import BackendOrder, CaseStatus, RunConfig, run_benchmark
 from .timing import TimingConfig
 from .trace import TraceConfig, bucket_tokens
 
@@ -133,6 +134,17 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
     device = _device(args.device)
     on_gpu = device.type == "cuda"
     notes = []
+    for name in ("models", "backends"):
+        value = getattr(args, name)
+        if value is not None and not [x for x in value.split(",") if x.strip()]:
+            raise ValueError(f"--{name}: expected a comma-separated list or 'all', got {value!r}")
+    for name in ("time_per_case", "bandwidth_tbps", "peak_tflops"):
+        value = getattr(args, name)
+        if value is not None and not 0 < value < float("inf"):
+            raise ValueError(f"--{name.replace('_', '-')}: expected a finite number > 0, got {value}")
+    if args.check_rows < 1:
+        raise ValueError(f"--check-rows: expected an int >= 1 (token rows checked against the reference), got "
+                         f"{args.check_rows}")
     if args.models and args.models.strip().lower() == "all":
         models = [PRESETS[name] for name in PRESETS]
     elif args.models:
@@ -149,9 +161,10 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
         else:
             models = [PRESETS[name] for name in QUICK_MODELS]
     if not on_gpu:
+        chosen = (["the torch backends"] if args.backends is None else []) + (
+            [f"the small qwen3-30b-a3b-like preset {models[0].name}"] if not (args.models or args.custom) else [])
         notes.append(
-            "No CUDA GPU found: running on the CPU with the torch backends"
-            + (f" and the small qwen3-30b-a3b-like preset {models[0].name}" if not (args.models or args.custom) else "")
+            "No CUDA GPU found: running on the CPU" + (" with " + " and ".join(chosen) if chosen else "")
             + ". CPU times only check the harness; run on a GPU for real numbers."
         )
     if args.tokens:
@@ -169,7 +182,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
     else:
         backends = DEFAULT_GPU_BACKENDS if on_gpu else DEFAULT_CPU_BACKENDS
     ceilings = DEFAULT_CEILINGS
-    if args.bandwidth_tbps or args.peak_tflops:
+    if args.bandwidth_tbps is not None or args.peak_tflops is not None:
         ceilings = Ceilings((args.bandwidth_tbps or DEFAULT_CEILINGS.bandwidth / 1e12) * 1e12,
                             (args.peak_tflops or DEFAULT_CEILINGS.matmul_flops / 1e12) * 1e12, CeilingSource.USER)
     elif on_gpu and not args.no_measure_ceilings:
@@ -231,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     out_dir = args.out or Path.cwd() / time.strftime("moe2cta-bench-%Y%m%d-%H%M%S")
+    try:
+        output_dir(out_dir, "--out")  # before the run: a bad path must not cost the results
+    except ValueError as exc:
+        parser.error(str(exc))
     for line in notes:
         print(line)
     total = _case_count(run)
@@ -255,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     if plot_message:
         print(plot_message)
     print(f"wrote {paths['json']}, {paths['markdown']}" + "".join(f", {out_dir / f}" for f in plots.values()))
+    if bench.results and not any(r.status is CaseStatus.OK for r in bench.results):
+        print("moe2cta-bench: no case ran correctly (see the reasons above)", file=sys.stderr)
+        return 1
     return 0
 
 

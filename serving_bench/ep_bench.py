@@ -102,6 +102,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--tokens: expected comma-separated integers, got {args.tokens!r}")
     if min(args.token_counts) < 0:
         p.error(f"--tokens: expected counts >= 0, got {args.tokens!r}")
+    for name in ("steps", "nprocs"):
+        if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:
+            p.error(f"--{name}: expected an int >= 1, got {getattr(args, name)}")
+    for name in args.models:
+        try:
+            get_preset(name)
+        except ValueError as exc:
+            p.error(f"--model: {exc}")
     if args.smoke:
         args.device, args.dtype, args.warmup, args.steps = "cpu", "fp32", 1, 2
         args.token_counts = (16,)

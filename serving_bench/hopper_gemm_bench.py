@@ -699,6 +699,9 @@ def main(argv=None) -> int:
     if args.command == "build":
         build(args.out, args.keep_ptx)
         return 0
+    if not torch.cuda.is_available():
+        print("hopper_gemm_bench run: needs a CUDA GPU", file=sys.stderr)
+        return 2
     dog = Watchdog(args.watchdog)
     report = {"device": torch.cuda.get_device_name(), "checks": [], "bench": []}
     if not args.skip_check:

@@ -210,9 +210,21 @@ def main(argv=None) -> int:
     parser.add_argument("--previous", default=None, help="a combined JSON of an earlier run, shown beside")
     parser.add_argument("--device", default="NVIDIA H200")
     args = parser.parse_args(argv)
-    cells = load_cells(args.run_dirs)
-    conditions = load_conditions(args.run_dirs)
-    previous = json.loads(pathlib.Path(args.previous).read_text())["results"] if args.previous else None
+    try:
+        for name in ("json", "md"):  # before the work: a bad output path is named, not a traceback after it
+            path = pathlib.Path(getattr(args, name))
+            if path.is_dir():
+                raise ValueError(f"--{name}: {path} is a directory, expected a file path")
+            path.parent.mkdir(parents=True, exist_ok=True)
+        cells = load_cells(args.run_dirs)
+        conditions = load_conditions(args.run_dirs)
+        previous = json.loads(pathlib.Path(args.previous).read_text())["results"] if args.previous else None
+    except ValueError as exc:  # (json.JSONDecodeError too)
+        parser.error(str(exc))
+    except (OSError, KeyError, TypeError) as exc:
+        parser.error(f"cannot read the runs: {type(exc).__name__}: {exc}")
+    if not cells:
+        parser.error("run_dirs: no cells in these results")
     pathlib.Path(args.json).write_text(json.dumps({"run": args.run, "device": args.device, "conditions": conditions,
                                                    "results": cells}, indent=1))
     pathlib.Path(args.md).write_text(markdown(args.run, cells, previous, conditions))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 
 import torch
 
@@ -128,6 +129,9 @@ def main(argv=None) -> int:
                         metavar="MODEL:T")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("permute_bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
     gen = torch.Generator(device="cuda").manual_seed(7)
     results = []
     for model, tokens in args.cells:

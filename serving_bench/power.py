@@ -24,6 +24,7 @@ import enum
 import shutil
 import statistics
 import subprocess
+import sys
 import threading
 import time
 
@@ -458,6 +459,11 @@ def main(argv=None) -> int:
         parser.error(f"--stream-pj-per-byte: expected > 0, got {args.stream_pj_per_byte}")
     if set(probes) - {Probe.IDLE} and not args.seconds > 1.0:  # sustain() settles for the first second
         parser.error(f"--seconds: expected more than 1 (the first second settles), got {args.seconds}")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("power: needs a CUDA GPU", file=sys.stderr)
+        return 2
     out: dict = {}
     readings: dict[Probe, tuple[float, PowerReading]] = {}  # probe: (rate, reading)
     for probe in probes:

@@ -659,6 +659,11 @@ def main(argv=None) -> int:
                              "just a builtin's name (default: zero, the DYNAMIC order)")
     parser.add_argument("--build", metavar="DIR", default=None, help="compile the kernels (no GPU) into DIR and exit")
     args = parser.parse_args(argv)
+    for name in args.models:
+        try:
+            get_preset(name)
+        except ValueError as exc:
+            parser.error(f"--models: {exc}")
     if args.sustain < 0 or 0 < args.sustain <= 1.0:
         parser.error(f"--sustain: expected 0 (off) or more than 1 s (the first second settles), got {args.sustain}")
     if args.build:
@@ -678,6 +683,9 @@ def main(argv=None) -> int:
             side_maps.append((map_name or source, l2_sides_probe.load_side_map(source)))
         except ValueError as err:
             parser.error(f"--side-maps: {err}")
+    if not torch.cuda.is_available():
+        print("prefill_gemm_bench: needs a CUDA GPU (only --build runs without one)", file=sys.stderr)
+        return 2
     dog = Watchdog(args.watchdog)
     gen = torch.Generator().manual_seed(11)
     results = []
