@@ -326,8 +326,8 @@ def read_manifest(directory: str | os.PathLike) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not a bundle manifest (JSON: {exc})") from None
-    if not isinstance(manifest, dict) or not all(isinstance(v, dict) and "key" in v for v in manifest.values()):
-        raise ValueError(f"{path}: not a bundle manifest (expected an object of file stem -> entry with a key)")
+    if not isinstance(manifest, dict) or not all(isinstance(v, dict) for v in manifest.values()):
+        raise ValueError(f"{path}: not a bundle manifest (expected an object of file stem -> entry object)")
     return manifest
 
 

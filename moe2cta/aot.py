@@ -91,6 +91,8 @@ def bundle_requests(bundle_dir: str, out_file: str, exclude_dirs=()) -> int:
     for stem, entry in sorted(manifest.items()):
         if stem in skip:
             continue
+        if not isinstance(entry.get("key"), dict):
+            raise ValueError(f"from_bundle: {stem}: its manifest entry has no key object")
         key = KernelKey.from_json(entry["key"])
         if key.family not in FAMILIES:
             raise ValueError(f"from_bundle: {stem}: no family {key.family!r} here ({sorted(FAMILIES)})")
