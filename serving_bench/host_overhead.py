@@ -10,14 +10,18 @@ time near the sleep's length and is reported as such. Beside it, the GPU time of
 after the sleep). With --profile N, the N functions with the most cumulative host time over those calls (cProfile).
 --modes picks how a forward is called (CallMode): the MoELayer itself (eager), or a GraphedMoELayer of the same
 layer over the --tokens sizes, captured before the timing: graphed (copies in, one replay, a copy out) or
-graphed-in-place (the batch in its static_inputs() views, output its static buffer: the replay alone). Needs a
-CUDA GPU.
+graphed-in-place (the batch in its static_inputs() views, output its static buffer: the replay alone). With
+--stages, the host us per forward spent inside each stage of the forward (STAGES: inclusive of what a stage calls,
+timed by wrappers around the functions, outside the profiler). Needs a CUDA GPU.
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import cProfile
 import enum
+import importlib
 import io
 import json
 import pstats
@@ -32,7 +36,7 @@ from moe2cta.presets import get_preset
 
 from .backends import make_expert_weights
 
-__all__ = ["CallMode", "host_time_per_forward", "main"]
+__all__ = ["CallMode", "STAGES", "host_time_per_forward", "stage_times", "main"]
 
 SLEEP_CYCLES_PER_CALL = 20_000_000  # ~10 ms of GPU sleep per timed forward: far longer than any host forward
 
@@ -41,6 +45,73 @@ class CallMode(enum.Enum):
     EAGER = "eager"  # MoELayer.__call__
     GRAPHED = "graphed"  # GraphedMoELayer.__call__ over the same layer (moe2cta.graphed)
     GRAPHED_IN_PLACE = "graphed-in-place"  # the same, inputs in its static_inputs() views, GraphOutput.STATIC_BUFFER
+
+
+# (module, attribute path) of each stage --stages times; a missing one is skipped (another backend's module).
+STAGES = (
+    ("moe2cta.api", "MoELayer.validate"),
+    ("moe2cta.api", "_route_dispatch_gpu"),
+    ("moe2cta.api", "_dispatch_gpu"),
+    ("moe2cta.api", "_forward_triton_tokens"),
+    ("moe2cta.api", "_forward_triton"),
+    ("moe2cta.api", "_forward_cute"),
+    ("moe2cta.api", "_sm90_tuned_configs"),
+    ("moe2cta.api", "_token_rows_config"),
+    ("moe2cta.api", "sm90_gather_padding"),
+    ("moe2cta.tuning", "kernel_configs_for_layer"),
+    ("moe2cta.router.api", "route"),
+    ("moe2cta.router.api", "dispatch"),
+    ("moe2cta.router.api", "_dispatch_buffers"),
+    ("moe2cta.router.api", "_launch_dispatch"),
+    ("moe2cta.router.api", "gather"),
+    ("moe2cta.router.api", "scatter_row_weights"),
+    ("moe2cta.router.api", "combine"),
+    ("moe2cta.grouped_gemm.sm90_grouped_gemm", "sm90_grouped_gemm1"),
+    ("moe2cta.grouped_gemm.sm90_grouped_gemm", "sm90_grouped_gemm2"),
+    ("moe2cta.grouped_gemm.sm90_grouped_gemm", "_run"),
+    ("moe2cta.grouped_gemm.sm90_grouped_gemm", "_launch_scratch"),
+    ("moe2cta.grouped_gemm.sm90_grouped_gemm", "class_counts"),
+    ("moe2cta.grouped_gemm.cute_runtime", "_LoadedKernel.__call__"),
+    ("moe2cta.grouped_gemm.triton_token_gemv", "token_gemv1"),
+    ("moe2cta.grouped_gemm.triton_token_gemv", "token_gemv2_combine"),
+    ("moe2cta.grouped_gemm.triton_grouped_gemm", "triton_grouped_gemm1"),
+    ("moe2cta.grouped_gemm.triton_grouped_gemm", "triton_grouped_gemm2"),
+    ("triton.runtime.jit", "JITFunction.run"),
+    ("torch", "empty"),
+    ("torch", "zeros"),
+)
+
+
+@contextlib.contextmanager
+def stage_times(totals: dict):
+    """Wrap each STAGES function while the block runs: totals[name] accumulates [host ns, calls]."""
+    undo = []
+    for module_name, path in STAGES:
+        try:
+            owner = importlib.import_module(module_name)
+            *parents, attr = path.split(".")
+            for parent in parents:
+                owner = getattr(owner, parent)
+            fn = getattr(owner, attr)
+        except (ImportError, AttributeError):
+            continue
+        entry = totals.setdefault(f"{module_name}.{path}", [0, 0])
+
+        def timed(*args, __fn=fn, __entry=entry, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return __fn(*args, **kwargs)
+            finally:
+                __entry[0] += time.perf_counter_ns() - t0
+                __entry[1] += 1
+
+        setattr(owner, attr, timed)
+        undo.append((owner, attr, fn))
+    try:
+        yield totals
+    finally:
+        for owner, attr, fn in reversed(undo):
+            setattr(owner, attr, fn)
 
 
 def host_time_per_forward(layer: "MoELayer | GraphedMoELayer", hidden: torch.Tensor, logits: torch.Tensor, calls: int,
@@ -83,6 +154,7 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", type=int, default=0, help="print the N functions with the most host time")
     parser.add_argument("--sort", choices=["cumulative", "tottime"], default="cumulative",
                         help="--profile order: cumulative (with callees) or tottime (own time)")
+    parser.add_argument("--stages", action="store_true", help="also time each stage of the forward (STAGES)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     if args.calls < 1:
@@ -140,6 +212,17 @@ def main(argv=None) -> int:
                     pstats.Stats(profiler, stream=text).sort_stats(args.sort).print_stats(args.profile)
                     print(text.getvalue())
                     entry["profile"] = text.getvalue()
+                if args.stages:
+                    totals = collections.OrderedDict()
+                    with stage_times(totals):
+                        host_time_per_forward(forward, hidden, logits, args.calls)
+                    # (the warm-up forwards inside are timed too: per forward = total / calls made)
+                    calls = args.calls + 3
+                    stages = {name: (ns / 1e3 / calls, n / calls) for name, (ns, n) in totals.items() if n}
+                    for name, (us, n) in stages.items():
+                        print(f"    {name:70s} {us:8.1f} us  x{n:g}")
+                    entry["stages_us_per_forward"] = {name: us for name, (us, _) in stages.items()}
+                    entry["stage_calls_per_forward"] = {name: n for name, (_, n) in stages.items()}
                 report.append(entry)
             del forward
         del layer

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from moe2cta import RoutingConfig
 from moe2cta.presets import PRESETS, custom_preset
 from moe2cta.serving_bench import backends as backends_mod
 from moe2cta.serving_bench.backends import BACKENDS, BackendFamily
@@ -284,6 +285,39 @@ def test_host_overhead_arguments(capsys):
     assert "--tokens" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert host_overhead.main(["--model", "qwen3-30b-a3b", "--tokens", "8", "--modes", "eager", "graphed", "graphed-in-place"]) == 2
+        assert "CUDA" in capsys.readouterr().err
+
+
+def test_host_overhead_stage_timers_wrap_and_restore():
+    """--stages wraps the forward's functions while it times them, counts each call, and puts them back after."""
+    import collections
+
+    from moe2cta import MoELayer
+    from moe2cta.api import MoELayer as layer_class
+    from moe2cta.serving_bench import host_overhead
+
+    validate = layer_class.validate
+    layer = MoELayer(torch.randn(4, 16, 8), torch.randn(4, 8, 8), routing=RoutingConfig(top_k=2), backend="torch")
+    totals = collections.OrderedDict()
+    with host_overhead.stage_times(totals):
+        assert layer_class.validate is not validate
+        layer(torch.randn(3, 8), torch.randn(3, 4))
+        layer(torch.randn(5, 8), torch.randn(5, 4))
+    assert layer_class.validate is validate
+    ns, calls = totals["moe2cta.api.MoELayer.validate"]
+    assert calls == 2 and ns > 0
+
+
+def test_launch_cost_arguments(capsys):
+    """The launch-cost probe names a bad argument; without a GPU it says so and returns 2."""
+    from moe2cta.serving_bench import launch_cost
+
+    for bad in (["--calls", "0"], ["--calls", "901"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            launch_cost.main(bad)
+        assert bad[0] in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert launch_cost.main([]) == 2
         assert "CUDA" in capsys.readouterr().err
 
 
