@@ -602,20 +602,36 @@ def _check_common(a, w, row_offsets, counts, name_w):
         raise ValueError("a, w: expected contiguous (K-major) tensors")
 
 
+_KERNELS_BY_LAUNCH: dict = {}  # (config, problem, directory) -> the kernel: one lookup per launch on the hot path
+
+
+def _kernel_for(config, problem, directory):
+    """The compiled or loaded kernel of (config, problem), after can_implement; memoized per (config, problem,
+    directory), so that a forward pays one dict lookup instead of the checks, the key and the cache's lock."""
+    launch = (config, problem, None if directory is None else str(directory))
+    kernel = _KERNELS_BY_LAUNCH.get(launch)
+    if kernel is None:
+        ok, why = can_implement(config, problem)
+        if not ok:
+            raise ValueError(f"config: {why}")
+        key = kernel_key(config, problem)
+        kernel = _cache_for(directory).get(key, lambda: compile_kernel(config, problem),
+                                           request=lambda: kernel_request(config, problem))
+        _KERNELS_BY_LAUNCH[launch] = kernel
+    return kernel
+
+
 def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, directory=None, a_rows=None,
          rows_per_token=1):
-    ok, why = can_implement(config, problem)
-    if not ok:
-        raise ValueError(f"config: {why}")
+    if not isinstance(config, Sm90GemmConfig):  # (the memo below hashes it)
+        raise TypeError(f"config: expected an Sm90GemmConfig, got {type(config).__name__}")
+    kernel = _kernel_for(config, problem, directory)
     if (a_rows is not None) != (config.a_source is not ASource.EXPERT_ORDER_COPY):
         raise ValueError(f"a_rows: a_source {config.a_source.name} "
                          + ("takes a_rows (the dispatch's sorted_slots)" if a_rows is None else "takes no a_rows"))
     if config.operands is Operands.WEIGHTS_AS_M and out.shape[0] * out.shape[1] > DIRECT_STORE_MAX_ELEMENTS:
         raise ValueError(f"config: a WEIGHTS_AS_M kernel stores C with 32-bit element offsets; C {tuple(out.shape)} "
                          f"has more than 2**31 - 1 elements: take a TOKENS_AS_M config (regular_config)")
-    key = kernel_key(config, problem)
-    kernel = _cache_for(directory).get(key, lambda: compile_kernel(config, problem),
-                                       request=lambda: kernel_request(config, problem))
     workspace, dummy_bias, dummy_scale = _launch_scratch(config, a.device)
     operands = (a, w) if a_rows is None else (a, a_rows, w)
     tail = (int(config.pair_threshold),) if a_rows is None else (int(config.pair_threshold), int(rows_per_token))

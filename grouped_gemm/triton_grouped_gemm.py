@@ -524,13 +524,26 @@ def _check_int32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: tor
 
 def _tma_usable(a: torch.Tensor, w: torch.Tensor, gather: bool) -> bool:
     """Tensor descriptors need sm_90+, contiguous weights and 16-byte aligned rows (of a, unless gathered)."""
-    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] < 9:
+    if a.device.type == "cuda" and not _sm90_or_newer(
+            a.device.index if a.device.index is not None else torch.cuda.current_device()):
         return False
     if not w.is_contiguous() or w.data_ptr() % 16:
         return False
     if not gather and (a.stride(1) != 1 or (a.stride(0) * a.element_size()) % 16 or a.data_ptr() % 16):
         return False
     return True
+
+
+# default_config and can_implement are pure functions of frozen arguments that every launch asks (tens of us of Python
+# per launch between them): memoized for the launches (routed_rows makes a problem per batch size: bounded caches).
+@functools.lru_cache(maxsize=1024)
+def _memoized_default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
+    return default_config(problem)
+
+
+@functools.lru_cache(maxsize=1024)
+def _memoized_can_implement(config: TritonGemmConfig, problem: GroupedGemmProblem) -> tuple[bool, str]:
+    return can_implement(config, problem)
 
 
 def _launch(
@@ -612,13 +625,14 @@ def _launch(
         # routed_rows estimate for the bucket: max_rows minus the worst-case padding (static facts only).
         problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max(0, max_rows - num_experts * (align - 1)),
                                      a.dtype, tile_heights, num_sms, smem, w13_layout)
-        config = default_config(problem)
+        config = _memoized_default_config(problem)
     else:
         problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max_rows, a.dtype, tile_heights, num_sms,
                                      smem, w13_layout)
     if config_given is None and config.tile_load is TileLoad.TMA and not _tma_usable(a, w, a_rows is not None):
         config = dataclasses.replace(config, tile_load=TileLoad.POINTER)  # the heuristic falls back quietly
-    ok, reason = can_implement(config, problem)
+    ok, reason = (_memoized_can_implement(config, problem) if isinstance(config, TritonGemmConfig)
+                  else can_implement(config, problem))
     if not ok:
         raise ValueError(f"config: {reason}")
     if max_rows == 0:

@@ -391,6 +391,14 @@ def _check_optional(name, t, shape, device, dtypes=None) -> None:
                          f"{'' if t.is_contiguous() else ' (not contiguous)'}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _checked_config(problem: TokenGemvProblem, config: TokenGemvConfig | None) -> tuple[TokenGemvConfig, str]:
+    """(config, or default_config(problem) for None; why can_implement refuses it, or ""): pure functions of frozen
+    arguments, asked on every launch (memoized: ~10 us of Python each)."""
+    config = default_config(problem) if config is None else config
+    return config, can_implement(config, problem)[1]
+
+
 def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, expert_map, out, config,
             w13_layout: W13Layout, out_dtype) -> torch.Tensor:
     w_name, b_name = ("w13", "b13") if stage is GemmStage.GEMM1 else ("w2", "b2")
@@ -434,12 +442,10 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
                              f"{out.dtype} {list(out.shape)}")
     num_sms, _ = _limits_for(device)
     problem = TokenGemvProblem(stage, num_tokens, top_k, n_dim, k_dim, x.dtype, num_sms, w13_layout)
-    if config is None:
-        config = default_config(problem)
-    elif not isinstance(config, TokenGemvConfig):
+    if config is not None and not isinstance(config, TokenGemvConfig):
         raise TypeError(f"config: expected a TokenGemvConfig or None, got {type(config).__name__}")
-    ok, reason = can_implement(config, problem)
-    if not ok:
+    config, reason = _checked_config(problem, config)
+    if reason:
         raise ValueError(f"config: {reason}")
     if num_tokens == 0 or n_dim == 0:
         return out

@@ -537,24 +537,36 @@ def _prepare_cute(layer: "MoELayer") -> dict:
     return prepared
 
 
-def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
+CUTE_PLANS_KEPT = 256  # batch sizes whose CUTE host choices a layer keeps (MoELayer._cute_plan)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CutePlan:
+    """The host-side choices of one CUTE forward, which depend on the batch only through (T, k): made once per
+    (T, k) and layer (MoELayer._cute_plan), not per forward."""
+
+    prefix: str  # the family's entry points: {prefix}_grouped_gemm1 / 2 ("sm90" or "sm100")
+    rows_per_expert: float
+    hint: dict  # sm90: rows_per_expert for the family default; sm100: nothing
+    cfg1: object  # tuned configurations (None: the family default)
+    cfg2: object
+    token_rows_cfg: object  # sm90 GEMM1 reading the token rows itself, or None (a gather launch first)
+    classes1: tuple  # sm90 expert classes (one launch each) of GEMM1 / GEMM2; () = one launch
+    classes2: tuple
+    padding: GatherPadding
+
+
+def _make_cute_plan(layer: "MoELayer", num_tokens: int, top_k: int) -> _CutePlan:
     prepared = layer.prepared
     module = prepared["module"]
     prefix = "sm90" if module.__name__.endswith("sm90_grouped_gemm") else "sm100"
-    gemm1 = getattr(module, f"{prefix}_grouped_gemm1")
-    gemm2 = getattr(module, f"{prefix}_grouped_gemm2")
     config = layer.config
-    top_k = topk_ids.shape[1]
     on_input = config.router_weight_on is RouterWeightOn.INPUT
-    # GEMM2's row scale: the router weight of each row's slot, written by the gather launch (padding rows: any
-    # value, never read); combine then sums the k rows of a token in fixed order without weights
-    row_scale = None if on_input else torch.empty(disp.sorted_slots.shape[0], dtype=torch.float32, device=hidden.device)
-    rows_per_expert = hidden.shape[0] * top_k / max(1, layer.num_global_experts)
-    router = _router_api()
+    rows_per_expert = num_tokens * top_k / max(1, layer.num_global_experts)
     # Tuned kernel configurations for this batch's bucket (host-only lookup; None = the family default).
     cfg1, cfg2, _ = tuning.kernel_configs_for_layer(
         "sm_90a" if prefix == "sm90" else "sm_100a", layer.hidden_size, layer.intermediate, layer.num_experts,
-        top_k, hidden.shape[0], config.activation, layer.b13 is not None, hidden.dtype, layer.tuning_cache,
+        top_k, num_tokens, config.activation, layer.b13 is not None, layer.w13.dtype, layer.tuning_cache,
         gemm2_row_scale=not on_input,
     )
     # sm90: the family default for the batch's average rows per expert where it is a swapped-operand kernel or the
@@ -566,29 +578,47 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
         cfg1, cfg2 = _sm90_tuned_configs(module, prepared["problems"], (cfg1, cfg2), rows_per_expert)
         wanted = layer.gemm1_input is Gemm1Input.TOKEN_ROWS or (
             layer.gemm1_input is Gemm1Input.AUTO and module.token_rows_pays(prepared["problems"][0], rows_per_expert))
-        if wanted and not on_input and hidden.shape[0] > 0:
+        if wanted and not on_input and num_tokens > 0:
             token_rows_cfg = _token_rows_config(module, prepared["problems"][0], cfg1, rows_per_expert)
     # sm90 expert classes (default configurations only): one launch per class of experts by their rows, each with
     # the counts of its own experts (module.class_counts, on the device); () = one launch
     classes1 = classes2 = ()
-    if prefix == "sm90" and cfg1 is None and cfg2 is None and hidden.shape[0] > 0:
+    if prefix == "sm90" and cfg1 is None and cfg2 is None and num_tokens > 0:
         classes1 = () if token_rows_cfg is not None else module.expert_classes(prepared["problems"][0], rows_per_expert)
         classes2 = module.expert_classes(prepared["problems"][1], rows_per_expert)
+    padding = GatherPadding.LEAVE
+    if prefix == "sm90" and token_rows_cfg is None:  # (with classes: the regular kernel's, the last class)
+        padding = sm90_gather_padding(module, prepared["problems"][0], classes1[-1].config if classes1 else cfg1,
+                                      rows_per_expert)
+    return _CutePlan(prefix, rows_per_expert, hint, cfg1, cfg2, token_rows_cfg, tuple(classes1), tuple(classes2), padding)
+
+
+def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
+    prepared = layer.prepared
+    module = prepared["module"]
+    config = layer.config
+    top_k = topk_ids.shape[1]
+    on_input = config.router_weight_on is RouterWeightOn.INPUT
+    plan = layer._cute_plan(hidden.shape[0], top_k)
+    gemm1 = getattr(module, f"{plan.prefix}_grouped_gemm1")
+    gemm2 = getattr(module, f"{plan.prefix}_grouped_gemm2")
+    hint = plan.hint
+    # GEMM2's row scale: the router weight of each row's slot, written by the gather launch (padding rows: any
+    # value, never read); combine then sums the k rows of a token in fixed order without weights
+    row_scale = None if on_input else torch.empty(disp.sorted_slots.shape[0], dtype=torch.float32, device=hidden.device)
+    router = _router_api()
+    classes1, classes2 = plan.classes1, plan.classes2
     counts_by_class = module.class_counts(disp.counts, prepared["class_bounds"]) if classes1 or classes2 else None
-    if token_rows_cfg is not None:
+    if plan.token_rows_cfg is not None:
         # GEMM1 reads the token rows itself (ASource.TOKEN_ROWS): no gather launch; one small launch writes GEMM2's
         # row scale (the gather's other output)
         router.scatter_row_weights(topk_weights, disp, row_scale, backend=_triton_router_backend())
         a2 = gemm1(hidden.contiguous(), prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation,
-                   b13=prepared["b13"], config=token_rows_cfg, a_rows=disp.sorted_slots, rows_per_token=top_k)
+                   b13=prepared["b13"], config=plan.token_rows_cfg, a_rows=disp.sorted_slots, rows_per_token=top_k)
     else:
-        padding = GatherPadding.LEAVE
-        if prefix == "sm90":  # (with classes: the regular kernel's, the last class)
-            padding = sm90_gather_padding(module, prepared["problems"][0], classes1[-1].config if classes1 else cfg1,
-                                          rows_per_expert)
         a1 = router.gather(
             hidden, disp, top_k, scale=topk_weights if on_input else None, backend=_triton_router_backend(),
-            slot_weights=None if on_input else topk_weights, row_weights_out=row_scale, padding=padding,
+            slot_weights=None if on_input else topk_weights, row_weights_out=row_scale, padding=plan.padding,
         )
         a2 = None
         for c, expert_class in enumerate(classes1):
@@ -596,14 +626,14 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
                        b13=prepared["b13"], config=expert_class.config, out=a2)
         if not classes1:
             a2 = gemm1(a1, prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation,
-                       b13=prepared["b13"], config=cfg1, **hint)
+                       b13=prepared["b13"], config=plan.cfg1, **hint)
     y = None
     for c, expert_class in enumerate(classes2):
         y = gemm2(a2, layer.w2, disp.row_offsets, counts_by_class[c], row_scale=row_scale, b2=prepared["b2"],
                   config=expert_class.config, out=y)
     if not classes2:
-        y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=prepared["b2"], config=cfg2,
-                  **hint)
+        y = gemm2(a2, layer.w2, disp.row_offsets, disp.counts, row_scale=row_scale, b2=prepared["b2"],
+                  config=plan.cfg2, **hint)
     return _router_api().combine(
         y, disp, None, hidden.shape[0], top_k, out_dtype=hidden.dtype, backend=_triton_router_backend()
     )
@@ -731,6 +761,7 @@ class MoELayer:
         self.num_experts, self.intermediate, self.hidden_size, self.num_global_experts = (
             num_experts, intermediate, hidden, num_global
         )
+        self._checked_weights = (num_experts, intermediate, hidden, num_global)  # (validate skips their checks)
         self.id_check = IdCheck.parse(id_check)
         self.gemm1_input = Gemm1Input.parse(gemm1_input)
         if token_gemv_max_tokens is not None and (
@@ -759,11 +790,25 @@ class MoELayer:
         else:
             raise TypeError(f"tuning_cache: expected a TuningCache, a path or None, got {type(tuning_cache).__name__}")
         self.prepared = _prepare_cute(self) if Backend.CUTE in self.plan.backends else {}
+        self._cute_plans: dict[tuple[int, int], _CutePlan] = {}
         # The token GEMVs address the weights as contiguous [E, N, K] (the grouped GEMMs take any strides): with
         # other strides every batch runs the grouped path.
         gemv_layout_ok = all(t is None or t.is_contiguous() for t in (w13, w2, b13, b2, expert_map))
         self._token_gemv = (_optional_module("grouped_gemm.triton_token_gemv")[0]
                             if Backend.TRITON in self.plan.backends and gemv_layout_ok else None)
+
+    def _cute_plan(self, num_tokens: int, top_k: int) -> _CutePlan:
+        """The CUTE forward's host choices for a batch of num_tokens tokens, made once per (T, k): a layer without a
+        tuning cache asks the planner's pure functions nothing more per forward. At most CUTE_PLANS_KEPT batch
+        sizes are kept (then they are made afresh). A layer with a tuning cache asks it on every forward."""
+        if self.tuning_cache is not None:
+            return _make_cute_plan(self, num_tokens, top_k)
+        plan = self._cute_plans.get((num_tokens, top_k))
+        if plan is None:
+            if len(self._cute_plans) >= CUTE_PLANS_KEPT:
+                self._cute_plans.clear()
+            plan = self._cute_plans[(num_tokens, top_k)] = _make_cute_plan(self, num_tokens, top_k)
+        return plan
 
     def _runs_token_gemvs(self, num_tokens: int) -> bool:
         if self._token_gemv is None:
@@ -884,6 +929,7 @@ class MoELayer:
             e_score_correction_bias=self.e_score_correction_bias if router_logits is not None else None,
             expert_map=self.expert_map,
             id_check=self._resolved_id_check(),
+            checked_weights=self._checked_weights,
         )
 
 

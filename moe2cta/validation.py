@@ -214,12 +214,18 @@ def validate_moe(
     id_check: IdCheck = IdCheck.CHECK,
     num_global_experts: int | None = None,
     weight_names: tuple[str, str, str, str] = ("w13", "w2", "b13", "b2"),
+    checked_weights: tuple[int, int, int, int] | None = None,
 ) -> MoEProblem:
     """All checks of one fused_moe call; returns the problem's shapes. id_check must be CHECK or SKIP.
 
     num_global_experts: E_g where no expert_map says it (expert parallelism: the rank's local weights, global ids);
-    by default the experts of w13. weight_names: what the errors call w13, w2, b13 and b2."""
-    num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map, weight_names)
+    by default the experts of w13. weight_names: what the errors call w13, w2, b13 and b2. checked_weights: what
+    check_weights returned for these very weights (a MoELayer checks its weights once, when it is built): their
+    checks are skipped, the inputs are still checked against them."""
+    if checked_weights is None:
+        num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map, weight_names)
+    else:
+        num_experts, intermediate, hidden_size, num_global = checked_weights
     if num_global_experts is not None and expert_map is None:
         num_global = num_global_experts
     n13 = weight_names[0]
@@ -233,8 +239,11 @@ def validate_moe(
             f"{n13}: expected dtype {_dtype_name(hidden.dtype)} (the dtype of hidden), got {_dtype_name(w13.dtype)}"
         )
     device = hidden.device
-    for name, tensor in zip(weight_names + ("expert_map",), (w13, w2, b13, b2, expert_map)):
-        _require_device(name, tensor, device)
+    if checked_weights is None:
+        for name, tensor in zip(weight_names + ("expert_map",), (w13, w2, b13, b2, expert_map)):
+            _require_device(name, tensor, device)
+    else:  # (check_weights put every weight on w13's device)
+        _require_device(weight_names[0], w13, device)
     num_tokens = hidden.shape[0]
     if routing is not None and not isinstance(routing, RoutingConfig):
         raise TypeError(f"routing: expected a RoutingConfig, got {type(routing).__name__}")

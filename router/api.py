@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib
 
 import torch
 
-from .config import RoutingConfig, Scoring, parse_enum, triton_interpreting
+from .config import RoutingConfig, Scoring, next_pow2, parse_enum, triton_interpreting
 from .reference import (
     DEFAULT_TILE_HEIGHTS,
     Dispatch,
@@ -73,7 +74,16 @@ class GatherPadding(enum.Enum):
             raise ValueError(f"padding: expected one of {[m.value for m in cls]}, got {value!r}") from None
 
 
+@functools.cache
+def _kernel_module(name: str):
+    """One of the Triton kernel modules (routing_triton, dispatch_triton, permute_triton), imported on first use:
+    importing moe2cta.router imports no Triton; after the first call this is a dict lookup, not an import."""
+    return importlib.import_module(f"{__package__}.{name}")
+
+
 def _resolve(backend, tensor: torch.Tensor) -> RouterBackend:
+    if backend is RouterBackend.TRITON and tensor.is_cuda:  # (the layer's case, on every launch)
+        return backend
     backend = RouterBackend.parse(backend)
     if backend is RouterBackend.AUTO:
         return RouterBackend.TRITON if tensor.is_cuda else RouterBackend.TORCH
@@ -82,10 +92,18 @@ def _resolve(backend, tensor: torch.Tensor) -> RouterBackend:
     return backend
 
 
+_SM_COUNTS: dict[int, int] = {}
+
+
 def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
+    """The device's SM count (asked once per device: get_device_properties costs ~4 us per call); 132 off CUDA."""
+    if device.type != "cuda":
+        return 132
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _SM_COUNTS.get(index)
+    if count is None:
+        count = _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
 
 
 def _check_tensor(name, t, ndim, dtypes=None):
@@ -95,10 +113,6 @@ def _check_tensor(name, t, ndim, dtypes=None):
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 # ---------------------------------------------------------------------------------------------- route
@@ -119,8 +133,14 @@ def _check_route_args(logits, config, bias):
 
 
 def _route_meta(config: RoutingConfig, num_experts: int, has_bias: bool, device: torch.device) -> dict:
-    from .routing_triton import MAX_EXPERTS, MAX_TOP_K, SCORING_CODES
+    """The routing kernel's constexprs (a shared dict: callers spread it, never change it)."""
+    return _route_meta_cached(config, num_experts, has_bias, device.type == "cuda")
 
+
+@functools.lru_cache(maxsize=256)
+def _route_meta_cached(config: RoutingConfig, num_experts: int, has_bias: bool, on_cuda: bool) -> dict:
+    routing = _kernel_module("routing_triton")
+    MAX_EXPERTS, MAX_TOP_K, SCORING_CODES = routing.MAX_EXPERTS, routing.MAX_TOP_K, routing.SCORING_CODES
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"logits: TRITON routing supports E <= {MAX_EXPERTS}, got E={num_experts}")
     if config.top_k > MAX_TOP_K:
@@ -134,9 +154,9 @@ def _route_meta(config: RoutingConfig, num_experts: int, has_bias: bool, device:
         HAS_BIAS=has_bias,
         NUM_GROUPS=groups,
         TOPK_GROUP=config.topk_group or 0,
-        BLOCK_K=max(2, _next_pow2(config.top_k)),
-        BLOCK_G=max(2, _next_pow2(max(groups, 1))),
-        USE_LIBDEVICE=device.type == "cuda",
+        BLOCK_K=max(2, next_pow2(config.top_k)),
+        BLOCK_G=max(2, next_pow2(max(groups, 1))),
+        USE_LIBDEVICE=on_cuda,
     )
 
 
@@ -144,12 +164,15 @@ def route(logits: torch.Tensor, config: RoutingConfig, e_score_correction_bias: 
           backend: RouterBackend | str = RouterBackend.AUTO) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] (bf16/fp16/fp32) -> (topk_weights [T, k] fp32, topk_ids [T, k] int32)."""
     _check_route_args(logits, config, e_score_correction_bias)
-    if _resolve(backend, logits) is RouterBackend.TORCH:
-        return route_reference(logits, config, e_score_correction_bias)
-    from .routing_triton import launch_route
+    return _route_checked(logits, config, e_score_correction_bias, _resolve(backend, logits))
 
+
+def _route_checked(logits, config, e_score_correction_bias, resolved: RouterBackend):
+    if resolved is RouterBackend.TORCH:
+        return route_reference(logits, config, e_score_correction_bias)
     slots = logits.shape[0] * config.top_k
-    return launch_route(logits, config, e_score_correction_bias, launch_options=_dependent_launch(logits.device, slots))
+    return _kernel_module("routing_triton").launch_route(
+        logits, config, e_score_correction_bias, launch_options=_dependent_launch(logits.device, slots))
 
 
 GATHER_PAD_BLOCK = 32  # padded rows per padding program of the gather (GatherPadding.TOKEN_ROW)
@@ -161,20 +184,27 @@ EARLY_TRIGGER_SLOTS = 4096
 
 
 @functools.lru_cache(maxsize=16)
-def _dependent_launch_capable(index: int) -> bool:
-    """sm_90+ (asked once per device, not per launch)."""
-    return torch.cuda.get_device_capability(index)[0] >= 9
+def _dependent_launch_options(index: int) -> tuple[dict, dict]:
+    """(options of a launch of at most EARLY_TRIGGER_SLOTS slots, of a larger one) on CUDA device `index`,
+    asked once per device, not per launch."""
+    on = torch.cuda.get_device_capability(index)[0] >= 9
+    return ({"DEPENDENT_LAUNCH": 2 if on else 0, "launch_pdl": on},
+            {"DEPENDENT_LAUNCH": 1 if on else 0, "launch_pdl": on})
+
+
+_NO_DEPENDENT_LAUNCH = {"DEPENDENT_LAUNCH": 0, "launch_pdl": False}
 
 
 def _dependent_launch(device: torch.device, slots: int) -> dict:
     """Launch options: programmatic dependent launch on CUDA sm_90+ (each kernel waits for the previous
     kernel's results with griddepcontrol.wait before reading them), so the short kernels of a decode step
     start without a launch gap; inside a CUDA graph the edges are kept. DEPENDENT_LAUNCH: 0 off, 1 wait,
-    2 wait and release the next launch at once (slots <= EARLY_TRIGGER_SLOTS)."""
-    on = device.type == "cuda" and _dependent_launch_capable(
-        device.index if device.index is not None else torch.cuda.current_device())
-    code = 0 if not on else (2 if slots <= EARLY_TRIGGER_SLOTS else 1)
-    return {"DEPENDENT_LAUNCH": code, "launch_pdl": on}
+    2 wait and release the next launch at once (slots <= EARLY_TRIGGER_SLOTS). A shared dict: spread it,
+    never change it."""
+    if device.type != "cuda":
+        return _NO_DEPENDENT_LAUNCH
+    early, late = _dependent_launch_options(device.index if device.index is not None else torch.cuda.current_device())
+    return early if slots <= EARLY_TRIGGER_SLOTS else late
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -216,9 +246,15 @@ def _dispatch_buffers(num_tokens, top_k, num_experts, align, heights, device):
 
 
 def _dispatch_static_meta(num_experts, align, heights, expert_map):
-    from .dispatch_triton import MAX_TILE_HEIGHTS
-    from .routing_triton import MAX_EXPERTS
+    """(base constexprs, offset constexprs) of the dispatch kernels (shared dicts: spread them, never change them)."""
+    return _dispatch_static_meta_cached(num_experts, align, tuple(heights), expert_map is not None,
+                                        expert_map.numel() if expert_map is not None else num_experts)
 
+
+@functools.lru_cache(maxsize=256)
+def _dispatch_static_meta_cached(num_experts, align, heights, has_map, num_global):
+    MAX_TILE_HEIGHTS = _kernel_module("dispatch_triton").MAX_TILE_HEIGHTS
+    MAX_EXPERTS = _kernel_module("routing_triton").MAX_EXPERTS
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"num_experts: TRITON dispatch supports <= {MAX_EXPERTS}, got {num_experts}")
     if len(heights) > MAX_TILE_HEIGHTS:
@@ -226,16 +262,16 @@ def _dispatch_static_meta(num_experts, align, heights, expert_map):
     padded = tuple(heights) + (1,) * (MAX_TILE_HEIGHTS - len(heights))
     return dict(
         NUM_EXPERTS=num_experts,
-        NUM_GLOBAL_EXPERTS=expert_map.numel() if expert_map is not None else num_experts,
-        HAS_MAP=expert_map is not None,
-        NUM_BINS=max(32, _next_pow2(num_experts + 1)),
+        NUM_GLOBAL_EXPERTS=num_global,
+        HAS_MAP=has_map,
+        NUM_BINS=max(32, next_pow2(num_experts + 1)),
     ), dict(ALIGN=align, NUM_HEIGHTS=len(heights), H0=padded[0], H1=padded[1], H2=padded[2], H3=padded[3])
 
 
 def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta, offset_meta, scheme, block_slots):
-    from .dispatch_triton import AUTO_SINGLE_SLOTS, SINGLE_MAX_SLOTS, jit_functions, multi_block_slots
-
-    kernels = jit_functions()
+    module = _kernel_module("dispatch_triton")
+    AUTO_SINGLE_SLOTS, SINGLE_MAX_SLOTS = module.AUTO_SINGLE_SLOTS, module.SINGLE_MAX_SLOTS
+    kernels = module.jit_functions()
 
     counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows = bufs
     device = ids_flat.device
@@ -246,7 +282,7 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
     if scheme is DispatchScheme.SINGLE_PROGRAM:
         if num_slots > SINGLE_MAX_SLOTS:
             raise ValueError(f"scheme: SINGLE_PROGRAM takes T*k <= {SINGLE_MAX_SLOTS}, got {num_slots}")
-        block_s = max(16, _next_pow2(num_slots))
+        block_s = max(16, next_pow2(num_slots))
         scratch = torch.empty(num_bins, dtype=torch.int32, device=device)
         kernels.dispatch_single_kernel[(1,)](
             ids_flat, emap, counts, token_offsets, row_offsets, tile_offsets, sorted_slots, slot_rows, scratch,
@@ -254,7 +290,7 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
             **base_meta, **offset_meta, **_dependent_launch(device, num_slots),
         )
         return
-    block_s = multi_block_slots(num_slots) if block_slots is None else block_slots
+    block_s = module.multi_block_slots(num_slots) if block_slots is None else block_slots
     if block_s < 16 or block_s & (block_s - 1) or block_s > 4096:
         raise ValueError(f"block_slots: expected a power of two in [16, 4096], got {block_s}")
     num_blocks = max(1, _cdiv(num_slots, block_s))
@@ -289,7 +325,13 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, align: int = 128,
     """
     heights = _check_dispatch_args(topk_ids, num_experts, align, tile_heights, expert_map)
     scheme = parse_enum(DispatchScheme, scheme, "scheme")
-    if _resolve(backend, topk_ids) is RouterBackend.TORCH:
+    return _dispatch_checked(topk_ids, num_experts, align, heights, expert_map, _resolve(backend, topk_ids), scheme,
+                             block_slots)
+
+
+def _dispatch_checked(topk_ids, num_experts, align, heights, expert_map, resolved: RouterBackend,
+                      scheme: DispatchScheme = DispatchScheme.AUTO, block_slots=None) -> Dispatch:
+    if resolved is RouterBackend.TORCH:
         return dispatch_reference(topk_ids, num_experts, align=align, tile_heights=heights, expert_map=expert_map)
     num_tokens, top_k = topk_ids.shape
     base_meta, offset_meta = _dispatch_static_meta(num_experts, align, heights, expert_map)
@@ -303,6 +345,13 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, align: int = 128,
     _launch_dispatch(ids_flat, num_tokens * top_k, bufs[4].numel(), expert_map, bufs, base_meta, offset_meta,
                      scheme, block_slots)
     return Dispatch(*bufs, align, heights)
+
+
+@functools.lru_cache(maxsize=256)
+def _fused_route_meta(config, num_experts, has_bias, on_cuda) -> dict:
+    """_route_meta for the fused route + dispatch kernel, whose routing part names NUM_EXPERTS R_NUM_EXPERTS."""
+    meta = _route_meta_cached(config, num_experts, has_bias, on_cuda)
+    return {("R_" + k if k == "NUM_EXPERTS" else k): v for k, v in meta.items()}
 
 
 def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int | None = None, *,
@@ -321,16 +370,13 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
     resolved = _resolve(backend, logits)
     num_tokens = logits.shape[0]
     if resolved is RouterBackend.TORCH or num_tokens > FUSED_MAX_TOKENS:
-        weights, ids = route(logits, config, e_score_correction_bias, backend=resolved)
-        disp = dispatch(ids, num_experts, align=align, tile_heights=tile_heights, expert_map=expert_map,
-                        backend=resolved)
+        weights, ids = _route_checked(logits, config, e_score_correction_bias, resolved)
+        disp = _dispatch_checked(ids, num_experts, align, heights, expert_map, resolved)
         return weights, ids, disp
-    from .dispatch_triton import jit_functions
-    from .routing_triton import route_launch_params
-
+    route_launch_params = _kernel_module("routing_triton").route_launch_params
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    meta = _route_meta(config, logits.shape[1], e_score_correction_bias is not None, logits.device)
+    route_meta = _fused_route_meta(config, logits.shape[1], e_score_correction_bias is not None, logits.is_cuda)
     base_meta, offset_meta = _dispatch_static_meta(num_experts, align, heights, expert_map)
     if expert_map is not None and expert_map.dtype != torch.int32:
         expert_map = expert_map.to(torch.int32)
@@ -340,15 +386,14 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
     bufs = _dispatch_buffers(num_tokens, top_k, num_experts, align, heights, logits.device)
     scratch = torch.empty(base_meta["NUM_BINS"], dtype=torch.int32, device=logits.device)
     block_t, block_e, _ = route_launch_params(num_tokens, logits.shape[1], num_sms=1)
-    block_t = min(block_t, max(1, _next_pow2(num_tokens)))
+    block_t = min(block_t, max(1, next_pow2(num_tokens)))
     bias = e_score_correction_bias if e_score_correction_bias is not None else weights
     emap = expert_map if expert_map is not None else ids
     num_slots = num_tokens * top_k
-    route_meta = {("R_" + k if k in ("NUM_EXPERTS",) else k): v for k, v in meta.items()}
-    jit_functions().route_dispatch_fused_kernel[(1,)](
+    _kernel_module("dispatch_triton").jit_functions().route_dispatch_fused_kernel[(1,)](
         logits, bias, weights, ids, num_tokens, logits.stride(0), float(config.routed_scaling_factor),
         emap, *bufs, scratch, num_slots, bufs[4].numel(),
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_S=max(16, _next_pow2(num_slots)), FILL_BLOCK=2048, num_warps=4,
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_S=max(16, next_pow2(num_slots)), FILL_BLOCK=2048, num_warps=4,
         **route_meta, **base_meta, **offset_meta, **_dependent_launch(logits.device, num_slots),
     )
     return weights, ids, Dispatch(*bufs, align, heights)
@@ -409,8 +454,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
             return a1
         out[:max_rows].copy_(a1)
         return out
-    from .permute_triton import GATHER_SLOTS_PER_PROGRAM, jit_functions, permute_launch_params
-
+    permute = _kernel_module("permute_triton")
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
     if out is None:
@@ -418,15 +462,15 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     num_slots = num_tokens * top_k
     if num_slots == 0 or hidden_size == 0:
         return out
-    block_h, num_warps = permute_launch_params(hidden_size, hidden.element_size())
-    block_s = GATHER_SLOTS_PER_PROGRAM
+    block_h, num_warps = permute.permute_launch_params(hidden_size, hidden.element_size())
+    block_s = permute.GATHER_SLOTS_PER_PROGRAM
     scale_arg = scale.contiguous() if scale is not None else disp.slot_rows
     weights_arg = slot_weights.contiguous() if slot_weights is not None else disp.slot_rows  # (unused when None)
     slot_programs = _cdiv(num_slots, block_s)
     pad_token_row = padding is GatherPadding.TOKEN_ROW
     pad_programs = _cdiv(max_rows, GATHER_PAD_BLOCK) if pad_token_row else 0
     grid = (slot_programs + pad_programs, _cdiv(hidden_size, block_h))
-    jit_functions().gather_kernel[grid](
+    permute.jit_functions().gather_kernel[grid](
         hidden, scale_arg, disp.slot_rows, out, weights_arg,
         row_weights_out if row_weights_out is not None else disp.slot_rows, num_slots, hidden_size,
         hidden.stride(0), out.stride(0), disp.sorted_slots, disp.row_offsets, disp.row_offsets.numel() - 1,
@@ -456,12 +500,11 @@ def scatter_row_weights(slot_weights: torch.Tensor, disp: Dispatch, out: torch.T
         valid = rows >= 0
         out[rows[valid]] = slot_weights.reshape(-1)[valid]
         return out
-    from .permute_triton import ROW_WEIGHTS_BLOCK, jit_functions
-
+    permute = _kernel_module("permute_triton")
     num_slots = disp.slot_rows.numel()
     if num_slots:
-        jit_functions().row_weights_kernel[(_cdiv(num_slots, ROW_WEIGHTS_BLOCK),)](
-            slot_weights.contiguous(), disp.slot_rows, out, num_slots, BLOCK=ROW_WEIGHTS_BLOCK,
+        permute.jit_functions().row_weights_kernel[(_cdiv(num_slots, permute.ROW_WEIGHTS_BLOCK),)](
+            slot_weights.contiguous(), disp.slot_rows, out, num_slots, BLOCK=permute.ROW_WEIGHTS_BLOCK,
             **_dependent_launch(slot_weights.device, num_slots),
         )
     return out
@@ -499,19 +542,18 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
             return res
         out.copy_(res)
         return out
-    from .permute_triton import COMBINE_TOKENS_PER_PROGRAM, jit_functions, permute_launch_params
-
+    permute = _kernel_module("permute_triton")
     if y.stride(1) != 1:
         y = y.contiguous()
     if out is None:
         out = torch.empty(num_tokens, hidden_size, dtype=out_dtype, device=y.device)
     if num_tokens == 0 or hidden_size == 0:
         return out
-    block_h, num_warps = permute_launch_params(hidden_size, y.element_size())
-    block_t = COMBINE_TOKENS_PER_PROGRAM
+    block_h, num_warps = permute.permute_launch_params(hidden_size, y.element_size())
+    block_t = permute.COMBINE_TOKENS_PER_PROGRAM
     w_arg = topk_weights.contiguous() if topk_weights is not None else disp.slot_rows
     grid = (_cdiv(num_tokens, block_t), _cdiv(hidden_size, block_h))
-    jit_functions().combine_kernel[grid](
+    permute.jit_functions().combine_kernel[grid](
         y, w_arg, disp.slot_rows, out, num_tokens, hidden_size, y.stride(0), out.stride(0),
         TOP_K=top_k, HAS_WEIGHTS=topk_weights is not None, BLOCK_T=block_t, BLOCK_H=block_h, num_warps=num_warps,
         **_dependent_launch(y.device, num_tokens * top_k),

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from . import routing_triton
+from .config import next_pow2
 
 __all__ = ["jit_functions", "permute_launch_params", "ROW_WEIGHTS_BLOCK", "GATHER_SLOTS_PER_PROGRAM",
            "COMBINE_TOKENS_PER_PROGRAM"]
@@ -158,7 +159,7 @@ def permute_launch_params(hidden_size: int, element_size: int) -> tuple[int, int
     row. Two vectors per thread (a 4 KiB slab, the previous choice) made the combine 2-27% slower at the layer's
     prefill shapes on the H200, and the gather 0-5% (with 4 slots per program; results/permute-h200-2026-12-01/)."""
     vec = max(1, 16 // element_size)
-    block_h = min(triton.next_power_of_2(max(hidden_size, 1)), 128 * vec)
+    block_h = min(next_pow2(max(hidden_size, 1)), 128 * vec)
     block_h = max(block_h, 16)
     num_warps = 4 if block_h >= 128 * vec else max(1, block_h // (32 * vec))
     return block_h, num_warps

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .config import parse_enum, triton_interpreting
+from .config import next_pow2, parse_enum, triton_interpreting
 
 __all__ = [
     "GroupReduce",
@@ -458,9 +458,9 @@ def route_launch_params(num_tokens: int, num_experts: int, num_sms: int = 132) -
     About 2048 fp32 logits per program at most; fewer tokens per program while that leaves SMs idle (small
     T is latency-bound: spread it). Depends on T only through a power-of-two bucket.
     """
-    block_e = max(16, triton.next_power_of_2(num_experts))
+    block_e = max(16, next_pow2(num_experts))
     cap = max(1, 2048 // block_e)
-    spread = triton.next_power_of_2(max(1, -(-num_tokens // num_sms)))
+    spread = next_pow2(max(1, -(-num_tokens // num_sms)))
     block_t = max(1, min(cap, spread))
     elems = block_t * block_e
     num_warps = 4 if elems >= 1024 else (2 if elems >= 256 else 1)
@@ -475,17 +475,17 @@ def launch_route(logits, config, bias, *, key_packing_code: int = 0, block_t: in
     route_launch_params by default; launch_options: extra launch keywords (programmatic dependent launch)."""
     import torch
 
-    from .api import _num_sms, _route_meta
+    from . import api  # (api imports this module lazily: no import cycle at load)
 
     num_tokens, num_experts = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    meta = _route_meta(config, num_experts, bias is not None, logits.device)
+    meta = api._route_meta(config, num_experts, bias is not None, logits.device)
     weights = torch.empty(num_tokens, config.top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(num_tokens, config.top_k, dtype=torch.int32, device=logits.device)
     if num_tokens == 0:
         return weights, ids
-    auto_t, block_e, auto_warps = route_launch_params(num_tokens, num_experts, _num_sms(logits.device))
+    auto_t, block_e, auto_warps = route_launch_params(num_tokens, num_experts, api._num_sms(logits.device))
     block_t = auto_t if block_t is None else block_t
     num_warps = auto_warps if num_warps is None else num_warps
     jit_functions().route_kernel[(-(-num_tokens // block_t),)](

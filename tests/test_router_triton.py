@@ -533,3 +533,10 @@ def test_gather_and_combine_span_several_column_blocks(dtype):
     ref = combine_reference(y, disp, None, num_tokens, top_k, dtype)
     tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
     torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), rtol=tol, atol=tol)
+
+
+def test_next_pow2():
+    """The launch helpers' power of two (plain ints; Triton's next_power_of_2 is a slow constexpr function)."""
+    from moe2cta.router.config import next_pow2
+
+    assert [next_pow2(n) for n in (0, 1, 2, 3, 4, 5, 16, 17, 1000, 1024, 1025)] == [1, 1, 2, 4, 4, 8, 16, 32, 1024, 1024, 2048]

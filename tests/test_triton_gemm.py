@@ -324,6 +324,7 @@ def test_default_config_estimates_routed_rows_from_align(interpret, monkeypatch)
     seen = []
     real = tg.default_config
     monkeypatch.setattr(tg, "default_config", lambda problem: seen.append(problem.routed_rows) or real(problem))
+    tg._memoized_default_config.cache_clear()  # (launches memoize the default per problem)
     gen = torch.Generator().manual_seed(5)
     num_experts, top_k, hidden_dim, inter, num_tokens = 4, 2, 32, 16, 5
     hidden = torch.randn(num_tokens, hidden_dim, generator=gen)

@@ -242,3 +242,23 @@ def test_hidden_size_the_cute_backend_cannot_tile(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     ok, reason = _layer_support(Backend.CUTE, hidden=128, **facts)
     assert not ok and "sm_80" in reason
+
+
+def test_checked_weights_skip_the_weight_checks_not_the_input_checks():
+    """validate_moe(checked_weights=...) (a MoELayer's call: its weights were checked when it was built) still checks
+    every input against those shapes, naming it."""
+    from moe2cta.validation import check_weights, validate_moe
+
+    w13, w2 = torch.randn(4, 16, 8), torch.randn(4, 8, 8)
+    shapes = check_weights(w13, w2)
+    routing = RoutingConfig(top_k=2)
+    problem = validate_moe(torch.randn(3, 8), w13, w2, router_logits=torch.randn(3, 4), routing=routing,
+                           checked_weights=shapes)
+    assert (problem.num_tokens, problem.hidden, problem.intermediate, problem.top_k) == (3, 8, 8, 2)
+    with pytest.raises(ValueError, match="hidden"):
+        validate_moe(torch.randn(3, 7), w13, w2, router_logits=torch.randn(3, 4), routing=routing, checked_weights=shapes)
+    with pytest.raises(ValueError, match="router_logits"):
+        validate_moe(torch.randn(3, 8), w13, w2, router_logits=torch.randn(2, 4), routing=routing, checked_weights=shapes)
+    with pytest.raises(TypeError, match="w13"):
+        validate_moe(torch.randn(3, 8, dtype=torch.float16), w13, w2, router_logits=torch.randn(3, 4), routing=routing,
+                     checked_weights=shapes)
