@@ -225,6 +225,9 @@ def validate_moe(
     if checked_weights is None:
         num_experts, intermediate, hidden_size, num_global = check_weights(w13, w2, b13, b2, expert_map, weight_names)
     else:
+        if (not isinstance(checked_weights, tuple) or len(checked_weights) != 4
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in checked_weights)):
+            raise ValueError(f"checked_weights: expected check_weights' result (E, I, H, E_global), got {checked_weights!r}")
         num_experts, intermediate, hidden_size, num_global = checked_weights
     if num_global_experts is not None and expert_map is None:
         num_global = num_global_experts

@@ -262,3 +262,6 @@ def test_checked_weights_skip_the_weight_checks_not_the_input_checks():
     with pytest.raises(TypeError, match="w13"):
         validate_moe(torch.randn(3, 8, dtype=torch.float16), w13, w2, router_logits=torch.randn(3, 4), routing=routing,
                      checked_weights=shapes)
+    with pytest.raises(ValueError, match="checked_weights"):
+        validate_moe(torch.randn(3, 8), w13, w2, router_logits=torch.randn(3, 4), routing=routing,
+                     checked_weights=(4, 8))
