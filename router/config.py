@@ -56,7 +56,7 @@ class RoutingConfig:
     """Static routing facts of a model.
 
     scoring: see Scoring. top_k: experts per token. renormalize: divide the k weights by their sum
-    (SOFTMAX and SIGMOID_GROUPED; TOPK_SOFTMAX is normalized by construction). num_expert_group /
+    (SOFTMAX, SIGMOID_GROUPED and SIGMOID_TOP1 with k > 1; TOPK_SOFTMAX is normalized by construction). num_expert_group /
     topk_group: group-limited selection (SIGMOID_GROUPED only; None = no groups): experts are split into
     num_expert_group equal groups, each group scored by the sum of its two best biased scores, the best
     topk_group groups kept, then top-k among their experts. routed_scaling_factor multiplies the final

@@ -1,7 +1,7 @@
 """`moe2cta-bench` (also `python -m moe2cta.serving_bench`): the serving latency benchmark.
 
 With no arguments on a GPU: a quick default (qwen3-30b-a3b and mixtral-8x7b, T = 1..8192, uniform
-routing, every available backend), under two minutes on an H200. `--full`: the whole grid (5 models x
+routing, the default GPU backends: DEFAULT_GPU_BACKENDS), under two minutes on an H200. `--full`: the whole grid (5 models x
 T in {1, 8, 32, 128, 512, 2048, 8192, 32768}); `--models` picks a subset. Without a GPU: a small
 qwen3-30b-a3b-like shape on the CPU torch backends, said so in the output.
 """
