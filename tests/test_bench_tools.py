@@ -333,12 +333,21 @@ def test_layer_padding_probe_arguments(capsys):
         assert "CUDA" in capsys.readouterr().err
 
 
-def test_prefill_gemm_bench_takes_several_paddings():
-    """--padding takes several contents (timed side by side in one process), each one of the known ones."""
+def test_prefill_gemm_bench_takes_several_paddings(monkeypatch, capsys):
+    """--padding takes several contents (timed side by side in one process, each once), each one of the known ones."""
     from moe2cta.serving_bench import prefill_gemm_bench
 
-    with pytest.raises(SystemExit):
-        prefill_gemm_bench.main(["--padding", "random", "ones", "--build", "/nonexistent"])
+    with pytest.raises(SystemExit) as exit_info:
+        prefill_gemm_bench.main(["--padding", "random", "ones"])
+    assert exit_info.value.code == 2 and "--padding" in capsys.readouterr().err
+    cells = []
+    monkeypatch.setattr(prefill_gemm_bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(prefill_gemm_bench, "Watchdog", lambda seconds: None)
+    monkeypatch.setattr(prefill_gemm_bench, "_weights", lambda preset, device, seed: None)
+    monkeypatch.setattr(prefill_gemm_bench, "run_cell", lambda *args: cells.append(args[9]) or [])
+    assert prefill_gemm_bench.main(["--models", "qwen3-30b-a3b", "--tokens", "2048",
+                                    "--padding", "zero", "bits", "zero"]) == 0
+    assert cells == [("zero", "bits")]
 
 
 def test_layer_runs_combines_per_model_runs(tmp_path):

@@ -322,19 +322,19 @@ def test_cli_bucket_table(capsys):
     assert rows[0]["gemm1"]["candidate"]["block_m"] <= rows[-1]["gemm1"]["candidate"]["block_m"]
     assert plan_cli.main(["--model", "mixtral-8x7b", "--buckets", "64", "--arch", "sm_100a"]) == 0
     assert "distinct kernels" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         plan_cli.main(["--model", "mixtral-8x7b", "--buckets", "--tokens", "4"])
+    assert exit_info.value.code == 2 and "--buckets goes with --model only" in capsys.readouterr().err
 
 
-def test_cli_errors():
-    with pytest.raises(SystemExit):
-        plan_cli.main(["--model", "qwen3-30b-a3b"])  # no --tokens
-    with pytest.raises(SystemExit):
-        plan_cli.main(["--gemm", "384,4096,4096", "--stages", "3"])  # --stages without --tile
-    with pytest.raises(SystemExit):
-        plan_cli.main(["--gemm", "384,4096"])
-    with pytest.raises(SystemExit):
-        plan_cli.main(["--model", "no-such-model", "--tokens", "1"])
+def test_cli_errors(capsys):
+    for argv, named in ((["--model", "qwen3-30b-a3b"], "--model needs --tokens"),
+                        (["--gemm", "384,4096,4096", "--stages", "3"], "give --tile too"),
+                        (["--gemm", "384,4096"], "--gemm M,N,K: expected 3 integers"),
+                        (["--model", "no-such-model", "--tokens", "1"], "no-such-model")):
+        with pytest.raises(SystemExit) as exit_info:
+            plan_cli.main(argv)
+        assert exit_info.value.code == 2 and named in capsys.readouterr().err, argv
 
 
 def test_python_m_plan_cli():

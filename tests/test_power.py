@@ -159,10 +159,10 @@ def test_gpu_stream_reading_streams_dram_at_a_plausible_rate(kind):
     assert reading.samples >= 5 and reading.power_w > 50
 
 
-def test_power_cli_names_a_wrong_argument():
-    with pytest.raises(SystemExit):
-        main(["--probes", "matmul", "--stream-pj-per-byte", "22"])  # the model needs the idle probe too
-    with pytest.raises(SystemExit):
-        main(["--probes", "idle", "matmul", "--stream-pj-per-byte", "-1"])
-    with pytest.raises(SystemExit):
-        main(["--seconds", "0.5"])
+def test_power_cli_names_a_wrong_argument(capsys):
+    for argv, named in ((["--probes", "matmul", "--stream-pj-per-byte", "22"], "--stream-pj-per-byte:"),  # needs idle
+                        (["--probes", "idle", "matmul", "--stream-pj-per-byte", "-1"], "--stream-pj-per-byte:"),
+                        (["--seconds", "0.5"], "--seconds:")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2 and named in capsys.readouterr().err, argv

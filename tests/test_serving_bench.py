@@ -607,7 +607,7 @@ def test_cli_default_plan_on_cpu():
         plan_from_args(build_parser().parse_args(["--device", "cpu", "--settle-seconds", "-1"]))
 
 
-def test_bench_router_peer_is_the_peer_figures_routing():
+def test_bench_router_peer_is_the_peer_figures_routing(capsys):
     """BenchRouter.PEER: softmax -> top-k -> renormalize for every preset. It selects what each preset's own router
     selects except for deepseek-v3, whose own router (random correction bias) skews the loads on i.i.d. logits."""
     from moe2cta.serving_bench.cli import build_parser, plan_from_args
@@ -639,8 +639,9 @@ def test_bench_router_peer_is_the_peer_figures_routing():
         dataclasses.replace(run, router="peer")
     run, _ = plan_from_args(build_parser().parse_args(["--device", "cpu", "--models", "deepseek-v3"]))
     assert run.models[0].routing.scoring is Scoring.SIGMOID_GROUPED
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["--router", "softmax"])
+    assert exit_info.value.code == 2 and "--router" in capsys.readouterr().err
 
 
 def test_progress_lines():

@@ -169,7 +169,7 @@ def test_autotune_times_routed_rows_on_the_equal_problems_candidates(tmp_path):
 
 
 @needs_family
-def test_tune_run_passes_routed_rows(tmp_path):
+def test_tune_run_passes_routed_rows(tmp_path, capsys):
     pytest.importorskip("torch")
     problems = []
 
@@ -180,8 +180,9 @@ def test_tune_run_passes_routed_rows(tmp_path):
     rows, _ = tune_cli.run(TINY, "sm_90a", cache_path=tmp_path / "t.json", buckets=(64,), top=1, runner=runner,
                            timer=lambda fn: 1e-5, gpu="X", rows="routed")
     assert len(rows) == 2 and problems and all(p.name.endswith("-routed") for p in problems)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         tune_cli.main(["run", "--model", TINY, "--arch", "sm_90a", "--rows", "zipf"])
+    assert exit_info.value.code == 2 and "--rows" in capsys.readouterr().err
 
 
 @needs_family
