@@ -469,7 +469,8 @@ def _interpreting() -> bool:
         return bool(knobs.runtime.interpret)
     import os
 
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    # parsed as Triton parses it, and as router.config.triton_interpreting does (the two layers do not import each other)
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on", "y")
 
 
 def _kernel():
