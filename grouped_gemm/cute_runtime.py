@@ -28,11 +28,13 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
 import types
 import typing
+import warnings
 from typing import Callable
 
 __all__ = [
@@ -152,18 +154,38 @@ class KernelKey:
         }
 
 
+def _checked_path(value, name: str) -> pathlib.Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected a path (str or os.PathLike), got {type(value).__name__}")
+    if not os.fspath(value):
+        raise ValueError(f"{name}: expected a non-empty path, got an empty one")
+    return pathlib.Path(value)
+
+
 def kernel_dir(explicit: str | os.PathLike | None = None) -> pathlib.Path | None:
-    """The bundle directory: `explicit`, else $MOE2CTA_KERNEL_DIR (read now), else None."""
+    """The bundle directory: `explicit`, else $MOE2CTA_KERNEL_DIR (read now), else None. An empty variable counts as
+    unset; an explicit path must be a non-empty str or os.PathLike."""
     if explicit is not None:
-        return pathlib.Path(explicit)
+        return _checked_path(explicit, "directory")
     value = os.environ.get(KERNEL_DIR_ENV)
     return pathlib.Path(value) if value else None
+
+
+def bundle_dir_problem(directory: pathlib.Path | None) -> str | None:
+    """Why `directory` (kernel_dir()'s answer) cannot serve kernels, or None when it is a directory."""
+    if directory is None:
+        return f"no bundle directory (${KERNEL_DIR_ENV} unset)"
+    if not directory.exists():
+        return f"the bundle directory {directory} does not exist"
+    if not directory.is_dir():
+        return f"the bundle directory {directory} is not a directory"
+    return None
 
 
 def requests_file(explicit: str | os.PathLike | None = None) -> pathlib.Path | None:
     """The kernel requests file: `explicit`, else $MOE2CTA_KERNEL_REQUESTS (read now), else None."""
     if explicit is not None:
-        return pathlib.Path(explicit)
+        return _checked_path(explicit, "requests")
     value = os.environ.get(KERNEL_REQUESTS_ENV)
     return pathlib.Path(value) if value else None
 
@@ -331,6 +353,30 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     return manifest
 
 
+def _without_abi(extra) -> list:
+    return [item for item in extra if not (isinstance(item, (list, tuple)) and len(item) == 2 and item[0] == "abi")]
+
+
+def other_version_note(key: KernelKey, directory: pathlib.Path) -> str:
+    """' ...' naming a manifest entry of `directory` for the same kernel under another entry ABI (a bundle built by
+    another moe2cta version, whose kernels this version does not call), else ''."""
+    try:
+        manifest = read_manifest(directory)
+    except (OSError, ValueError):
+        return ""
+    mine = key.to_json()
+    mine_rest = {name: value for name, value in mine.items() if name != "extra"}
+    for stem, entry in manifest.items():
+        other = entry.get("key")
+        if not isinstance(other, dict) or other == mine or not isinstance(other.get("extra"), list):
+            continue
+        if ({name: value for name, value in other.items() if name != "extra"} == mine_rest
+                and _without_abi(other["extra"]) == _without_abi(mine["extra"])):
+            return (f" ({directory} holds this kernel as {stem}, built for another entry ABI by another moe2cta "
+                    "version: rebuild the bundle with this version)")
+    return ""
+
+
 def _write_manifest_entry(directory: pathlib.Path, stem: str, entry: dict) -> None:
     """Read-modify-write under a thread lock and an exclusive file lock, so that several build processes
     exporting into one bundle directory (e.g. one per model preset) keep every entry."""
@@ -368,10 +414,14 @@ def export_kernel(
         obj = pathlib.Path(tmp) / f"{stem}.o"
         compiled.export_to_c(str(obj), function_name=key.function_name())
         libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
-        cmd = ["gcc", "-shared", "-o", str(lib_path), str(obj), *libs]
+        linked = pathlib.Path(tmp) / f"{stem}.so"  # linked aside, then moved: never a truncated library in out_dir
+        cmd = ["gcc", "-shared", "-o", str(linked), str(obj), *libs]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"export_kernel: gcc failed for {stem}:\n{result.stderr}")
+        staged = out / f".{stem}.so.{os.getpid()}.tmp"
+        shutil.copyfile(linked, staged)
+        staged.replace(lib_path)
     ptx_file = None
     if keep_ptx:
         ptx = getattr(compiled, "__ptx__", None)
@@ -392,23 +442,47 @@ def export_kernel(
     return lib_path
 
 
+def _build_hint(arch: str, directory) -> str:
+    return (f"`python -m moe2cta.aot build --model MODEL --arch {arch} --out {directory}` (or `--requests FILE` for the "
+            "kernels a workload recorded) on a machine with nvidia-cutlass-dsl")
+
+
+class BundleKernelError(RuntimeError):
+    """A bundle's library for a key exists but cannot serve it: not loadable (corrupt, truncated, another platform)
+    or without the entry function this version calls (built by another moe2cta version)."""
+
+
 def load_kernel(key: KernelKey, directory: str | os.PathLike) -> Callable:
-    """Open `<directory>/<stem>.so` with tvm_ffi and return its entry function (called with torch tensors)."""
+    """Open `<directory>/<stem>.so` with tvm_ffi and return its entry function (called with torch tensors).
+    FileNotFoundError where the library is missing; BundleKernelError where it cannot be loaded or lacks the entry
+    function; both say how to build it again."""
     if not isinstance(key, KernelKey):
         raise TypeError(f"key: expected KernelKey, got {type(key).__name__}")
-    path = pathlib.Path(directory) / f"{key.file_stem()}.so"
+    path = _checked_path(directory, "directory") / f"{key.file_stem()}.so"
     if not path.exists():
         raise FileNotFoundError(
-            f"load_kernel: no prebuilt kernel {path.name} in {directory} "
-            f"(build it with `python -m moe2cta.aot build --arch {key.arch} --out {directory}` on a machine "
-            "with nvidia-cutlass-dsl)"
+            f"load_kernel: no prebuilt kernel {path.name} in {directory}{other_version_note(key, path.parent)} "
+            f"(build it with {_build_hint(key.arch, directory)})"
         )
     try:
         import tvm_ffi  # lazy: only the runtime needs it
     except ImportError as exc:
         raise RuntimeError("load_kernel: the tvm_ffi package (apache-tvm-ffi) is needed to load bundles") from exc
-    module = tvm_ffi.load_module(str(path))
-    function = module[key.function_name()]
+    try:
+        module = tvm_ffi.load_module(str(path))
+    except Exception as exc:  # tvm-ffi reports a library dlopen refuses as a RuntimeError from its C++ check
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BundleKernelError(
+            f"load_kernel: {path} cannot be loaded ({reason[:300]}): it is corrupt, truncated or built for another "
+            f"platform. Build it again with {_build_hint(key.arch, path.parent)}"
+        ) from exc
+    try:
+        function = module[key.function_name()]
+    except (AttributeError, KeyError) as exc:
+        raise BundleKernelError(
+            f"load_kernel: {path} has no entry function {key.function_name()}: it was built by another moe2cta "
+            f"version. Build it again with {_build_hint(key.arch, path.parent)}"
+        ) from exc
     # keep the module alive as long as the function
     return _LoadedKernel(function, module, path)
 
@@ -430,13 +504,19 @@ class KernelCache:
     """In-process kernels by key: JIT through `compile_fn()` where the DSL is present, else a bundle.
 
     `prefer` chooses when both are possible: "jit" (default) or "bundle" (a prebuilt kernel when one is
-    in the bundle directory, else JIT).
+    in the bundle directory, else JIT; the sm90 and sm100 families ask for this). A bundle library that cannot be
+    loaded (BundleKernelError) is compiled instead, with a RuntimeWarning, where the DSL is present, and raised
+    where it is not.
     """
 
     def __init__(self, directory: str | os.PathLike | None = None, prefer: str = "jit",
                  requests: str | os.PathLike | None = None):
         if prefer not in ("jit", "bundle"):
             raise ValueError(f"prefer: expected 'jit' or 'bundle', got {prefer!r}")
+        if directory is not None:
+            _checked_path(directory, "directory")
+        if requests is not None:
+            _checked_path(requests, "requests")
         self._directory = directory
         self._requests = requests
         self._prefer = prefer
@@ -468,16 +548,24 @@ class KernelCache:
         has_bundle = bundle_file is not None and bundle_file.exists()
         can_jit = compile_fn is not None and dsl_available()
         if has_bundle and (self._prefer == "bundle" or not can_jit):
-            return load_kernel(key, directory)
+            try:
+                return load_kernel(key, directory)
+            except BundleKernelError as exc:
+                if not can_jit:
+                    raise
+                warnings.warn(f"{exc}; compiling it with the CuTe DSL instead", RuntimeWarning, stacklevel=3)
         if can_jit:
             return compile_fn()
-        where = f"{bundle_file} does not exist" if bundle_file else f"no bundle directory (${KERNEL_DIR_ENV} unset)"
+        where = bundle_dir_problem(directory) or f"{bundle_file} does not exist{other_version_note(key, directory)}"
         recorded = ""
         path = requests_file(self._requests)
         if path is not None and request is not None:
-            record_request(path, key, request())
-            recorded = (f" Recorded in {path}: `python -m moe2cta.aot build --requests {path} --arch {key.arch} "
-                        "--out DIR` builds every kernel recorded there.")
+            try:
+                record_request(path, key, request())
+                recorded = (f" Recorded in {path}: `python -m moe2cta.aot build --requests {path} --arch {key.arch} "
+                            "--out DIR` builds every kernel recorded there.")
+            except (OSError, ValueError) as exc:
+                recorded = f" Could not record it in the requests file {path} (${KERNEL_REQUESTS_ENV}): {exc}."
         raise RuntimeError(
             f"no way to get kernel {key.file_stem()}: the CuTe DSL (nvidia-cutlass-dsl) is not installed here and "
             f"{where}. Build a bundle on a machine with the DSL (no GPU needed): "

@@ -936,7 +936,7 @@ def _kernel_cache():
     if _CACHE is None:
         from .cute_runtime import KernelCache
 
-        _CACHE = KernelCache()
+        _CACHE = KernelCache(prefer="bundle")  # as sm90: a prebuilt kernel where the bundle has it, else JIT
     return _CACHE
 
 

@@ -14,8 +14,9 @@ Host API (semantics of grouped_gemm/reference.py):
   prepack_w13(w13) -> packed            once at weight load: gate/up rows interleaved in chunks of 8
   sm90_grouped_gemm1(a, packed_w13, row_offsets, counts, activation, b13=None, out=None, config=None)
   sm90_grouped_gemm2(a, w2, row_offsets, counts, row_scale=None, b2=None, out=None, config=None)
-Kernels come from a `KernelCache` (cute_runtime.py): JIT where the DSL is installed, else a prebuilt
-bundle from `kernel_dir()` (argument or $MOE2CTA_KERNEL_DIR read at call time); a kernel neither is recorded as
+Kernels come from a `KernelCache` (cute_runtime.py): a prebuilt bundle's kernel from `kernel_dir()` (argument or
+$MOE2CTA_KERNEL_DIR read at call time) where the bundle holds it, else JIT where the DSL is installed (also where a
+bundle's library cannot be loaded, with a warning); a kernel neither is recorded as
 kernel_request(config, problem) in $MOE2CTA_KERNEL_REQUESTS when set, for compile_requests (`aot build --requests`).
 """
 from __future__ import annotations
@@ -844,7 +845,8 @@ def kernel_from_key(key: KernelKey) -> tuple[Sm90GemmConfig, Sm90Problem]:
     extra = {item[0]: item[1] for item in key.extra if isinstance(item, tuple) and len(item) == 2}
     stage, activation, has_row_scale, has_bias = parse_epilogue_name(key.epilogue)
     dtype = {_dtype_name(d): d for d in (torch.bfloat16, torch.float16)}.get(key.dtype)
-    if dtype is None or len(key.tile) != 3 or key.cluster[0] not in (1, 2) or "stages" not in extra:
+    if (dtype is None or len(key.tile) != 3 or len(key.cluster) != 3 or key.cluster[0] not in (1, 2)
+            or "stages" not in extra):
         raise ValueError(f"key: {key.file_stem()} is no {FAMILY} key")
     try:
         config = Sm90GemmConfig(
@@ -865,6 +867,9 @@ def kernel_from_key(key: KernelKey) -> tuple[Sm90GemmConfig, Sm90Problem]:
     except ValueError as exc:
         raise ValueError(f"key: {key.file_stem()}: {exc}") from None
     problem = Sm90Problem(stage, key.n, key.k, key.num_experts, dtype, activation, has_bias, has_row_scale)
+    ok, reason = can_implement(config, problem)
+    if not ok:
+        raise ValueError(f"key: {key.file_stem()}: {reason}")
     if kernel_key(config, problem) != key:
         raise ValueError(f"key: {key.file_stem()} names no kernel this family builds (read back as "
                          f"{kernel_key(config, problem).file_stem()})")

@@ -62,6 +62,9 @@ def build_requests(requests_path: str, arch: str, out_dir: str, keep_ptx: bool =
         raise ValueError(f"arch: expected one of {ARCHES}, got {arch!r}")
     from moe2cta.grouped_gemm.cute_runtime import dsl_available, read_requests
 
+    if os.path.isdir(requests_path):
+        raise ValueError(f"requests: {requests_path} is a directory; expected the requests file (a run with "
+                         "MOE2CTA_KERNEL_REQUESTS=FILE writes it)")
     if not os.path.isfile(requests_path):
         raise ValueError(f"requests: {requests_path} does not exist (a run with MOE2CTA_KERNEL_REQUESTS=FILE writes it)")
     entries = read_requests(requests_path)

@@ -199,10 +199,10 @@ def _layer_support(
         runtime, reason = _optional_module("grouped_gemm.cute_runtime")
         if runtime is None:
             return False, f"{name}: {reason}"
-        if not runtime.dsl_available() and runtime.kernel_dir() is None:
-            return False, (
-                f"{name}: neither the CuTe DSL compiler nor a kernel bundle (MOE2CTA_KERNEL_DIR) is available"
-            )
+        if not runtime.dsl_available():
+            problem = runtime.bundle_dir_problem(runtime.kernel_dir())
+            if problem is not None:
+                return False, f"{name}: neither the CuTe DSL compiler nor a kernel bundle is available ({problem})"
     # Both GPU backends route, dispatch, gather and combine with the Triton router kernels.
     router, reason = _optional_module("router.api")
     if router is None:

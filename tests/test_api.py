@@ -318,6 +318,28 @@ def test_auto_splits_by_batch_size_where_measured(monkeypatch, capability, split
         api._select_backend(Backend.CUTE, **facts)
 
 
+def test_cute_needs_a_bundle_directory_that_exists_where_the_dsl_is_absent(monkeypatch, tmp_path):
+    """Without the CuTe DSL the layer's CUTE check asks for a bundle directory that exists: a mistyped
+    MOE2CTA_KERNEL_DIR turns CUTE off at planning (AUTO then plans Triton) instead of failing at the first prefill."""
+    import moe2cta.api as api
+    from moe2cta.grouped_gemm import cute_runtime as rt
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(rt, "dsl_available", lambda: False)
+    facts = dict(dtype=torch.bfloat16, device=torch.device("cuda", 0), hidden=256, intermediate=128,
+                 num_experts=16, num_global_experts=16, config=MoEConfig(RoutingConfig(top_k=4)))
+    for value, expected in ((None, "MOE2CTA_KERNEL_DIR unset"), (tmp_path / "typo", "typo does not exist")):
+        if value is None:
+            monkeypatch.delenv(rt.KERNEL_DIR_ENV, raising=False)
+        else:
+            monkeypatch.setenv(rt.KERNEL_DIR_ENV, str(value))
+        ok, reason = api._layer_support(Backend.CUTE, **facts)
+        assert not ok and reason.startswith("cute: neither the CuTe DSL compiler nor a kernel bundle") and expected in reason
+    monkeypatch.setenv(rt.KERNEL_DIR_ENV, str(tmp_path))
+    ok, reason = api._layer_support(Backend.CUTE, **facts)
+    assert ok, reason
+
+
 _SPLIT_SCRIPT = textwrap.dedent(
     """
     import torch, moe2cta

@@ -210,3 +210,103 @@ def test_committed_gpu_test_kernels_read_back():
         assert s90.can_implement(config, problem) == (True, "")
         assert s90.kernel_key(config, problem) == rt.KernelKey.from_json(entry["key"])
         assert s90.kernel_key(config, problem).file_stem() == entry["stem"]
+
+
+# ---------------------------------------------------------------------------------------------- bundles that cannot serve
+def _tvm_ffi_or_skip():
+    if not rt.tvm_ffi_available():
+        pytest.skip("apache-tvm-ffi is not installed")
+
+
+def test_a_corrupt_library_is_named_with_how_to_rebuild_it(tmp_path):
+    _tvm_ffi_or_skip()
+    library = tmp_path / f"{_key().file_stem()}.so"
+    for content in (b"", b"not an ELF file at all", b"\x7fELF\x02\x01\x01" + b"\x00" * 40):  # empty, garbage, truncated
+        library.write_bytes(content)
+        with pytest.raises(rt.BundleKernelError, match="cannot be loaded") as info:
+            rt.load_kernel(_key(), tmp_path)
+        assert str(library) in str(info.value) and "aot build --model MODEL --arch sm_90a" in str(info.value)
+
+
+def test_a_library_without_the_entry_function_names_another_version(tmp_path):
+    _tvm_ffi_or_skip()
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    source = tmp_path / "other.c"
+    source.write_text("int moe2cta_some_other_kernel(void) { return 0; }\n")
+    library = tmp_path / f"{_key().file_stem()}.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    with pytest.raises(rt.BundleKernelError, match=f"no entry function {_key().function_name()}.*another moe2cta"):
+        rt.load_kernel(_key(), tmp_path)
+
+
+def test_the_cache_compiles_where_a_bundle_library_is_broken_and_the_dsl_is_here(monkeypatch, tmp_path):
+    _tvm_ffi_or_skip()
+    (tmp_path / f"{_key().file_stem()}.so").write_bytes(b"garbage")
+    monkeypatch.setattr(rt, "dsl_available", lambda: True)
+    with pytest.warns(RuntimeWarning, match="cannot be loaded.*compiling it with the CuTe DSL instead"):
+        assert rt.KernelCache(tmp_path, prefer="bundle").get(_key(), lambda: "compiled") == "compiled"
+    monkeypatch.setattr(rt, "dsl_available", lambda: False)
+    with pytest.raises(rt.BundleKernelError, match="cannot be loaded"):
+        rt.KernelCache(tmp_path, prefer="bundle").get(_key(), lambda: "compiled")
+
+
+def test_the_cache_says_what_is_wrong_with_the_bundle_directory(monkeypatch, tmp_path):
+    monkeypatch.setattr(rt, "dsl_available", lambda: False)
+    monkeypatch.delenv(rt.KERNEL_REQUESTS_ENV, raising=False)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for directory, message in ((tmp_path / "typo", "the bundle directory .*typo does not exist"),
+                               (a_file, "the bundle directory .*a-file is not a directory"),
+                               (tmp_path, f"{_key().file_stem()}.so does not exist")):
+        with pytest.raises(RuntimeError, match=f"no way to get kernel .*{message}"):
+            rt.KernelCache(directory).get(_key(), None)
+    assert rt.bundle_dir_problem(None).startswith("no bundle directory")
+    assert rt.bundle_dir_problem(tmp_path) is None
+
+
+def test_a_bundle_of_another_entry_abi_is_named(monkeypatch, tmp_path):
+    """The same kernel under another entry ABI (a bundle built by another version) is found and named."""
+    monkeypatch.setattr(rt, "dsl_available", lambda: False)
+    old = _key().to_json()
+    old["extra"] = [["abi", 1] if isinstance(item, list) and item[0] == "abi" else item for item in old["extra"]]
+    assert old != _key().to_json()
+    (tmp_path / rt.MANIFEST_NAME).write_text(json.dumps({"old-stem": {"key": old, "library": "old-stem.so"}}))
+    with pytest.raises(RuntimeError, match="holds this kernel as old-stem, built for another entry ABI"):
+        rt.KernelCache(tmp_path).get(_key(), None)
+    with pytest.raises(FileNotFoundError, match="holds this kernel as old-stem"):
+        rt.load_kernel(_key(), tmp_path)
+    other_kernel = dict(old, n=old["n"] * 2)  # another kernel altogether: not named
+    (tmp_path / rt.MANIFEST_NAME).write_text(json.dumps({"other": {"key": other_kernel}}))
+    assert rt.other_version_note(_key(), tmp_path) == ""
+
+
+def test_an_unusable_requests_file_does_not_hide_the_missing_kernel(monkeypatch, tmp_path):
+    monkeypatch.setattr(rt, "dsl_available", lambda: False)
+    monkeypatch.setenv(rt.KERNEL_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(rt.KERNEL_REQUESTS_ENV, str(tmp_path))  # a directory, not a file
+    with pytest.raises(RuntimeError, match=f"no way to get kernel .*Could not record it in the requests file "
+                                           f".*\\${rt.KERNEL_REQUESTS_ENV}"):
+        rt.KernelCache().get(_key(), None, request=lambda: s90.kernel_request(SMALL_CONFIG, SMALL_PROBLEM))
+
+
+def test_directory_and_requests_arguments_are_checked():
+    with pytest.raises(TypeError, match="directory: expected a path"):
+        rt.KernelCache(123)
+    with pytest.raises(ValueError, match="directory: expected a non-empty path"):
+        rt.KernelCache("")
+    with pytest.raises(TypeError, match="requests: expected a path"):
+        rt.KernelCache(requests=1.5)
+    with pytest.raises(ValueError, match="directory: expected a non-empty path"):
+        rt.kernel_dir("")
+
+
+def test_kernel_from_key_rejects_malformed_tiles_and_clusters():
+    for change in ({"cluster": []}, {"cluster": [1]}, {"tile": [[1], 128, 64]}):
+        with pytest.raises(ValueError, match="key: "):
+            s90.kernel_from_key(rt.KernelKey.from_json(_key().to_json() | change))
+
+
+def test_build_requests_names_a_directory(tmp_path):
+    with pytest.raises(ValueError, match="requests: .* is a directory"):
+        aot.build_requests(str(tmp_path), "sm_90a", str(tmp_path / "out"))
