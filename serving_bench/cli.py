@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sustained load (default 0: samples right after the warm-up; on a power-capped H200 the first "
                         "~0.1 s after a rest run at the boost clock)")
     m.add_argument("--max-samples", type=int, default=300)
-    m.add_argument("--check-rows", type=int, default=256, help="token rows checked against the fp32 reference")
+    m.add_argument("--check-rows", default="all",
+                   help="token rows checked against the fp32 reference: 'all' (default) or a number of evenly "
+                        "spaced rows")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--order", choices=[o.value for o in BackendOrder], default=BackendOrder.SEQUENTIAL.value,
                    help="sequential: one backend at a time, freed before the next (each in its own power steady "
@@ -100,6 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--no-plots", action="store_true")
     o.add_argument("--progress", choices=[s.value for s in ProgressStyle], default="auto")
     return p
+
+
+def _check_rows(text: str) -> int | None:
+    """--check-rows: 'all' -> None (every row), else an int >= 1."""
+    if str(text).strip().lower() == "all":
+        return None
+    try:
+        rows = int(text)
+    except ValueError:
+        rows = 0
+    if rows < 1:
+        raise ValueError(f"--check-rows: expected 'all' or an int >= 1 (token rows checked against the reference), "
+                         f"got {text!r}")
+    return rows
 
 
 def _device(choice: str) -> torch.device:
@@ -142,9 +158,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
         value = getattr(args, name)
         if value is not None and not 0 < value < float("inf"):
             raise ValueError(f"--{name.replace('_', '-')}: expected a finite number > 0, got {value}")
-    if args.check_rows < 1:
-        raise ValueError(f"--check-rows: expected an int >= 1 (token rows checked against the reference), got "
-                         f"{args.check_rows}")
+    check_rows = _check_rows(args.check_rows)
     if args.models and args.models.strip().lower() == "all":
         models = [PRESETS[name] for name in PRESETS]
     elif args.models:
@@ -204,7 +218,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
     if not on_gpu and dtype is torch.float32 and not args.dtype:
         notes.append("CPU run in fp32 (bf16 matmuls are ~10x slower on CPUs without bf16 units); pass --dtype bf16 to force.")
     run = RunConfig(tuple(models), tuple(tokens), distributions, backends, device, ceilings, timing, trace,
-                    args.seed, args.check_rows, dtype, BackendOrder(args.order), router)
+                    args.seed, check_rows, dtype, BackendOrder(args.order), router)
     if trace is not None and trace.token_budget > 1 << 17:
         raise ValueError("--trace-budget: expected <= 131072 tokens per step")
     return run, notes

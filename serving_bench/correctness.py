@@ -1,7 +1,8 @@
 """Checking a backend's output against the fp32 reference before it is timed.
 
-The reference is the whole layer after routing, in fp32, on a sample of token rows (a token's output
-depends only on that token, so a few hundred rows check a 32768-token call cheaply). The tolerance is
+The reference is the whole layer after routing, in fp32, on every token row (the benchmark's default) or on a sample
+of them (a token's output depends only on that token, so a sample checks a large call cheaply, but misses a fault
+confined to a few rows). The tolerance is
 twice the error of a same-dtype (bf16) torch run of the same math on the same rows, with a small floor,
 measured as a relative Frobenius error. Rows whose top-k is ambiguous (selection margin near zero, see
 routing_twin) are left out: a correct router may pick the other expert there.
@@ -38,9 +39,10 @@ class Verdict:
     reason: str = ""
 
 
-def sample_rows(num_tokens: int, max_rows: int, device) -> torch.Tensor:
-    """Evenly spaced token indices (all of them when num_tokens <= max_rows), first and last included."""
-    if num_tokens <= max_rows:
+def sample_rows(num_tokens: int, max_rows: int | None, device) -> torch.Tensor:
+    """Evenly spaced token indices (all of them when max_rows is None or num_tokens <= max_rows), first and last
+    included."""
+    if max_rows is None or num_tokens <= max_rows:
         return torch.arange(num_tokens, device=device)
     return torch.linspace(0, num_tokens - 1, max_rows, device=device).round().long().unique()
 
@@ -97,8 +99,9 @@ def _rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(got.float() - expected)) / max(denom, 1e-30)
 
 
-def make_reference(hidden, weights, routed, activation: Activation, *, max_rows: int = 256) -> ReferenceRows:
-    """fp32 expected rows and the tolerance for one input; `routed` comes from routing_twin.route_twin."""
+def make_reference(hidden, weights, routed, activation: Activation, *, max_rows: int | None = None) -> ReferenceRows:
+    """fp32 expected rows (every row, or max_rows evenly spaced ones) and the tolerance for one input; `routed` comes
+    from routing_twin.route_twin."""
     rows = sample_rows(hidden.shape[0], max_rows, hidden.device)
     clear = routed.margin[rows] > AMBIGUOUS_MARGIN
     ambiguous = int((~clear).sum())

@@ -7,7 +7,8 @@ Each RUN_DIR holds the results.json of one `python -m moe2cta.serving_bench --mo
 (device_validate.sh's `layer-full` step writes one per model, so that a partial run keeps what finished). The
 combined JSON has one entry per (model, tokens, backend): floor, median, error, status, time / floor and the
 phase (decode T <= 512, prefill T >= 2048, as the targets define them). The Markdown gives per backend the
-geometric means of time / floor over the decode and prefill cells and the worst cell, and per cell the medians,
+geometric means of time / floor over the decode and prefill cells, the worst cell and how many cells were timed and
+checked, and per cell the medians,
 beside those of a previous combined run when one is given. Only cells whose status is ok count. A prefill cell whose
 samples spread (p90 / p10 above SPREAD_MARK) is marked `~`: on the power-capped H200 such a case's samples fell on two
 clock levels (the boost clock of the first ~0.1 s after a rest, then the capped one; results/stop44-h200-2026-12-04),
@@ -42,7 +43,9 @@ def load_cells(run_dirs) -> list[dict]:
         if not path.is_file():
             raise ValueError(f"run_dirs: {path} does not exist")
         for r in json.loads(path.read_text())["results"]:
-            ratio = r["median_us"] / r["floor_us"] if r.get("median_us") and r.get("floor_us") else None
+            ratio = r.get("ratio")  # the run's time / floor (per sample over its rotation's floor, from v41 on)
+            if not ratio and r.get("median_us") and r.get("floor_us"):
+                ratio = r["median_us"] / r["floor_us"]
             cells.append({"model": r["model"], "tokens": int(r["tokens"]), "backend": r["backend"],
                           "floor_us": r.get("floor_us"), "median_us": r.get("median_us"), "rel_err": r.get("rel_err"),
                           "status": r["status"], "ratio": ratio, "phase": phase_of(int(r["tokens"])),
@@ -97,7 +100,8 @@ def summary(cells: list[dict]) -> dict:
             return math.exp(sum(math.log(c["ratio"]) for c in rows) / len(rows)) if rows else None
 
         worst = max(ok, key=lambda c: c["ratio"])
-        out[backend] = {"decode": geomean([c for c in ok if c["phase"] == "decode"]),
+        out[backend] = {"cells": (len(ok), sum(c["backend"] == backend for c in cells)),
+                        "decode": geomean([c for c in ok if c["phase"] == "decode"]),
                         "prefill": geomean([c for c in ok if c["phase"] == "prefill"]),
                         "all": geomean(ok), "worst": (worst["ratio"], worst["model"], worst["tokens"])}
     return out
@@ -123,19 +127,23 @@ def markdown(run: str, cells: list[dict], previous: list[dict] | None = None, co
     before = summary(previous) if previous else {}
     head = conditions_lines(conditions or {})
     lines = [f"# Full layer, run {run}", "", *head, *([""] if head else []),
-             "| backend | decode T<=512 | prefill T>=2048 | all | worst cell |"
+             "| backend | cells timed and checked | decode T<=512 | prefill T>=2048 | all | worst cell |"
              + (" previous decode / prefill / worst |" if before else ""),
-             "|---|---|---|---|---|" + ("---|" if before else "")]
+             "|---|---|---|---|---|---|" + ("---|" if before else "")]
     for backend, s in now.items():
         worst = f"{s['worst'][0]:.2f} ({s['worst'][1]} T={s['worst'][2]})"
-        row = f"| {backend} | {_fmt(s['decode'])} | {_fmt(s['prefill'])} | {_fmt(s['all'])} | {worst} |"
+        row = (f"| {backend} | {s['cells'][0]} / {s['cells'][1]} | {_fmt(s['decode'])} | {_fmt(s['prefill'])} | "
+               f"{_fmt(s['all'])} | {worst} |")
         if before:
             b = before.get(backend)
             row += (f" {_fmt(b['decode'])} / {_fmt(b['prefill'])} / {b['worst'][0]:.2f} |" if b else " - |")
         lines.append(row)
     backends = list(now)
     old = {(c["model"], c["tokens"], c["backend"]): c for c in previous or []}
-    lines += ["", "| model | T | floor us | " + " | ".join(backends) + " |" + (" previous " + " / ".join(backends) + " |"
+    lines += ["", "Cells: median us (time / floor). The floor is the mean over a cell's rotated inputs; time / floor is the "
+              "median over the samples of each sample's time over the floor of the input it ran (runs that recorded "
+              "it), so at small T it can differ from median / floor.",
+              "", "| model | T | floor us | " + " | ".join(backends) + " |" + (" previous " + " / ".join(backends) + " |"
                                                                            if previous else ""),
               "|---|---|---|" + "---|" * len(backends) + ("---|" if previous else "")]
     by_cell = {(c["model"], c["tokens"], c["backend"]): c for c in cells}

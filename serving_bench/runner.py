@@ -106,11 +106,18 @@ class CaseResult:
     timed_with: tuple[str, ...] = ()  # the backends timed in the same rounds (this one included)
     sm_mhz: float | None = None  # median SM clock while the samples ran (timing.ClockReading; shared by timed_with)
     power_w: float | None = None  # median board power over the same window (NVML's running average: lags it)
+    # the floor of each rotated input's routing (floor_us is their mean); sample i ran rotation i % len
+    rotation_floors_us: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float | None:
+        """Time over the floor: the median over the samples of each sample's time over the floor of the routing it
+        ran (the rotated inputs hit different experts at small T), else median_us / floor_us."""
         if self.median_us is None or not self.floor_us:
             return None
+        floors = self.rotation_floors_us
+        if self.samples_us and floors and all(f > 0 for f in floors):
+            return float(np.median([t / floors[i % len(floors)] for i, t in enumerate(self.samples_us)]))
         return self.median_us / self.floor_us
 
     @property
@@ -139,7 +146,7 @@ class RunConfig:
     timing: TimingConfig = TimingConfig()
     trace: TraceConfig | None = None
     seed: int = 0
-    check_rows: int = 256
+    check_rows: int | None = None  # token rows checked against the fp32 reference; None: every row
     dtype: torch.dtype = torch.bfloat16  # weights and activations
     order: BackendOrder = BackendOrder.SEQUENTIAL
     router: BenchRouter = BenchRouter.MODEL  # models holds the presets with this router's RoutingConfig
@@ -158,6 +165,9 @@ class RunConfig:
             raise ValueError("sweep_tokens: expected token counts, or a trace")
         if self.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"dtype: expected bfloat16, float16 or float32, got {self.dtype}")
+        if self.check_rows is not None and (isinstance(self.check_rows, bool) or not isinstance(self.check_rows, int)
+                                            or self.check_rows < 1):
+            raise ValueError(f"check_rows: expected an int >= 1 or None (every row), got {self.check_rows!r}")
         if any(t < 1 for t in self.sweep_tokens):
             raise ValueError(f"sweep_tokens: expected positive token counts, got {self.sweep_tokens}")
         if not isinstance(self.order, BackendOrder):
@@ -222,6 +232,7 @@ class _CaseData:
     floor_bound: str
     load: LoadSummary
     reference: ReferenceRows
+    rotation_floors_us: tuple[float, ...]
 
 
 def _seed(*parts) -> int:
@@ -248,7 +259,8 @@ def _make_case(preset, weights: ExpertWeights, tokens, dist, run: RunConfig) -> 
         inputs.append((hidden, logits))
     floor_us = float(np.mean([f.us for f in floors]))
     bound = floors[0].bound
-    return _CaseData(tokens, dist, inputs, float(np.mean(hits)), floor_us, bound, first_load, reference)
+    return _CaseData(tokens, dist, inputs, float(np.mean(hits)), floor_us, bound, first_load, reference,
+                     tuple(f.us for f in floors))
 
 
 class _DeviceLost(RuntimeError):
@@ -279,11 +291,22 @@ def _free(device: torch.device) -> None:
             pass
 
 
+def _poison_free_memory(nbytes: int, device: torch.device) -> None:
+    """Fill that much of the caching allocator's memory with NaN and hand it back, so that an output allocated next
+    likely holds NaN wherever a backend leaves it unwritten (not stale values of an earlier, correct output)."""
+    if device.type == "cuda" and nbytes > 0:
+        torch.full((-(-nbytes // 4),), float("nan"), dtype=torch.float32, device=device)
+
+
 def _check(fn, spec, preset, case: _CaseData, run: RunConfig, base: dict):
-    """The first call against the fp32 reference: (None, verdict) if it passed, else (CaseResult, None)."""
+    """The first call against the fp32 reference: (None, verdict) if it passed, else (CaseResult, None). The output
+    is NaN-filled before it is freed, so that no later backend's output can inherit its correct rows."""
     try:
+        _poison_free_memory(2 * case.tokens * preset.hidden * torch.finfo(run.dtype).bits // 8, run.device)
         out = fn(*case.inputs[0])
         verdict = check_output(out, case.reference, case.tokens, preset.hidden)
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            out.fill_(float("nan"))
         del out
     except Exception as exc:
         if not _cuda_alive(run.device):
@@ -343,6 +366,13 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
                                        tolerance=None if verdict is None else verdict.tolerance,
                                        timed_with=timed_with)
             continue
+        if verdict is not None and timing.outputs:  # what the timed graph replays of rotation 0 computed
+            replayed = check_output(timing.outputs[0], case.reference, case.tokens, preset.hidden)
+            if replayed.status is CheckStatus.FAIL:
+                results[name] = CaseResult(**base, status=CaseStatus.WRONG,
+                                           reason=f"timed graph replays: {replayed.reason}", rel_err=replayed.rel_err,
+                                           tolerance=replayed.tolerance, timed_with=timed_with)
+                continue
         results[name] = CaseResult(
             **base,
             status=CaseStatus.OK,
@@ -432,7 +462,7 @@ def _case_fields(preset, case: _CaseData, name: str, note: str) -> dict:
     """The CaseResult fields every result of (model, case, backend) shares, whatever its status."""
     return dict(model=preset.name, distribution=case.distribution.label, tokens=case.tokens, backend=name,
                 family=BACKENDS[name].family.value, experts_hit=case.experts_hit, floor_us=case.floor_us,
-                floor_bound=case.floor_bound, build_note=note)
+                floor_bound=case.floor_bound, build_note=note, rotation_floors_us=case.rotation_floors_us)
 
 
 def _lost_case(preset, case: _CaseData, name: str, built: tuple, lost: str) -> CaseResult:

@@ -7,7 +7,10 @@ CUDA (the method of issue 7):
    captured (host syncs) is timed eagerly instead and the note says why;
 3. replay: the graphs run round-robin, each replay between two CUDA events; a GPU sleep kernel first lets
    the host queue the replays ahead, so the events measure GPU time, not launch gaps;
-4. samples: one per replay, in microseconds; median and percentiles are taken over them.
+4. samples: one per replay, in microseconds; median and percentiles are taken over them. Sample i ran rotated
+   input i % len(inputs) (TimingResult.rotations), so a caller can relate each sample to its own input;
+5. outputs: each graph's output tensor is kept (NaN-filled before the first replay) and returned in
+   TimingResult.outputs, so that the caller can check what the timed replays computed.
 Clock reading (`ClockReading.NVML`, the default on CUDA): NVML is read every 5 ms while a case's samples run, and the
 result carries the median SM clock and board power over that window (the same reading for every callable timed in the
 same rounds; none where the driver's NVML library is missing, or where the window held no reading). It says which
@@ -24,9 +27,11 @@ and after each other callable equally often), so that the card's clock drift fal
 power-capped card each replay still inherits the clock its predecessor's power draw left (runner.BackendOrder says
 what that did on the H200). Each callable's graphs have their own memory pool, as when it is timed alone. One
 callable alone is the plain round-robin above (`time_callable`).
-Rotation: the inputs (hidden states and router logits) come in several copies, enough that they do not
-stay in L2 between calls; weights are not copied (every preset's weights exceed the 50-60 MB L2, and
-rotated logits route each call to different experts).
+Rotation: the inputs (hidden states and router logits) come in up to `max_rotation` copies, together
+`rotation_bytes` where that cap allows; weights are not copied (every preset's weights exceed the 50-60 MB L2, and
+rotated logits route each call to different experts). Where the cap binds (small T), the copies together fit in L2;
+what keeps them out is the weight stream between two uses of one copy (at least the ~75 MB of 8 experts of the
+smallest preset per call): a custom shape of a few MB of weights would be timed partly from L2.
 
 CPU: the same protocol with time.perf_counter around eager calls (no graphs, no events).
 """
@@ -109,6 +114,9 @@ class TimingResult:
     samples_us: tuple[float, ...]
     note: str = ""
     clock: ClockWindow | None = None  # SM clock and power while the samples ran (ClockReading.NVML)
+    rotations: int = 1  # sample i ran rotated input i % rotations
+    # CUDA graphs: each rotated input's graph output after the rounds (what the timed replays computed); else ()
+    outputs: tuple = dataclasses.field(default=(), repr=False, compare=False)
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(np.asarray(self.samples_us), q))
@@ -210,36 +218,36 @@ def time_interleaved(
             sync()
         except Exception as exc:
             failed[name] = exc
-    runners, modes, notes = {}, {}, {}
+    runners, modes, notes, outputs = {}, {}, {}, {}
     for name, fn in fns.items():
         if name in failed:
             continue
         # one memory pool per callable (shared by its rotated inputs' graphs), as when each is timed alone
         pool = torch.cuda.graph_pool_handle() if on_cuda else None
         capture = captures.get(name, GraphCapture.TRY)
-        runners[name], modes[name], notes[name] = _runners(fn, inputs, on_cuda, capture, pool)
+        runners[name], modes[name], notes[name], outputs[name] = _runners(fn, inputs, on_cuda, capture, pool)
     samples, clock = _rounds(runners, failed, config, on_cuda)
     out: dict[str, TimingResult | Exception] = {}
     for name in fns:
-        out[name] = failed[name] if name in failed else TimingResult(modes[name], tuple(samples[name]), notes[name],
-                                                                     clock)
+        out[name] = failed[name] if name in failed else TimingResult(
+            modes[name], tuple(samples[name]), notes[name], clock, len(inputs), outputs[name])
     return out
 
 
 def _runners(fn, inputs, on_cuda: bool, capture: GraphCapture, pool):
-    """(replay callables, one per rotated input; mode; note)."""
+    """(replay callables, one per rotated input; mode; note; the graphs' outputs, () when not graphed)."""
     eager = [lambda args=args: fn(*args) for args in inputs]
     if not on_cuda:
-        return eager, TimingMode.CPU_CLOCK, ""
+        return eager, TimingMode.CPU_CLOCK, "", ()
     if capture is GraphCapture.NEVER:
-        return eager, TimingMode.CUDA_EVENTS, "backend syncs with the host; timed eagerly"
+        return eager, TimingMode.CUDA_EVENTS, "backend syncs with the host; timed eagerly", ()
     try:
-        graphs = _capture_graphs(fn, inputs, pool)
+        graphs, outputs = _capture_graphs(fn, inputs, pool)
     except Exception as exc:  # a backend that syncs inside: time it eagerly, say so
         torch.cuda.synchronize()
         text = str(exc).splitlines()[0][:120] if str(exc) else ""
-        return eager, TimingMode.CUDA_EVENTS, f"graph capture failed ({type(exc).__name__}: {text}); timed eagerly"
-    return [g.replay for g in graphs], TimingMode.CUDA_GRAPH, ""
+        return eager, TimingMode.CUDA_EVENTS, f"graph capture failed ({type(exc).__name__}: {text}); timed eagerly", ()
+    return [g.replay for g in graphs], TimingMode.CUDA_GRAPH, "", tuple(outputs)
 
 
 def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) -> tuple[dict[str, list[float]],
@@ -381,9 +389,10 @@ def _sample_rounds(runners: dict, rounds: int, on_cuda: bool, clock: _ClockRead 
     return samples
 
 
-def _capture_graphs(fn, inputs, pool=None) -> list:
-    """One CUDA graph per rotated input, in one memory pool (`pool`, else a new one); outputs are dropped (scratch
-    only)."""
+def _capture_graphs(fn, inputs, pool=None) -> tuple[list, list]:
+    """(one CUDA graph per rotated input, in one memory pool (`pool`, else a new one); each graph's output). The
+    outputs are kept, so no later graph reuses their memory, and floating outputs are filled with NaN, so that rows
+    the replays never write show as NaN when the caller checks them."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -392,14 +401,17 @@ def _capture_graphs(fn, inputs, pool=None) -> list:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     pool = pool if pool is not None else torch.cuda.graph_pool_handle()
-    graphs = []
+    graphs, outputs = [], []
     for args in inputs:
         graph = torch.cuda.CUDAGraph()
         with capture_cuda_graph(graph, pool=pool):  # a failed capture leaves the stream and torch's RNG as they were
-            fn(*args)
+            out = fn(*args)
         graphs.append(graph)
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            out.fill_(float("nan"))
+        outputs.append(out)
     torch.cuda.synchronize()
-    return graphs
+    return graphs, outputs
 
 
 def _gpu_sleep(seconds: float) -> None:

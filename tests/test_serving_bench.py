@@ -771,3 +771,93 @@ def test_gpu_ceilings_are_the_dense_matmuls():
         result = time_callable(BACKENDS[name].build(preset, weights), inputs, torch.device("cuda"), FAST_TIMING)
         assert result.mode is TimingMode.CUDA_GRAPH, name
         assert 0.3 * 792e12 <= flops / (result.median_us * 1e-6) <= 1.3 * 792e12, (name, result.median_us)
+
+
+def test_time_over_floor_is_per_sample_over_its_rotations_floor():
+    """At small T the rotated inputs hit different experts: each sample is set against the floor of the input it ran
+    (sample i ran rotation i % n), not the median against the mean floor."""
+    from moe2cta.serving_bench.runner import CaseResult, CaseStatus
+
+    def case(**fields):
+        base = dict(model="m", distribution="uniform", tokens=8, backend="auto", family="moe2cta",
+                    status=CaseStatus.OK, reason="", experts_hit=7.5, floor_us=15.0, floor_bound="memory",
+                    median_us=25.0)
+        return CaseResult(**(base | fields))
+
+    mixed = case(samples_us=(10.0, 40.0, 10.0, 40.0), rotation_floors_us=(10.0, 20.0))
+    assert mixed.ratio == pytest.approx(1.5)  # per sample 1, 2, 1, 2; median / mean floor would say 25 / 15
+    assert case(samples_us=(10.0, 40.0)).ratio == pytest.approx(25.0 / 15.0)  # no floors recorded: as before
+    assert case(median_us=None).ratio is None
+
+
+def test_check_rows_all_by_default_and_checked():
+    from moe2cta.serving_bench.cli import _check_rows
+    from moe2cta.serving_bench.correctness import sample_rows
+    from moe2cta.serving_bench.runner import RunConfig
+
+    assert _check_rows("all") is None and _check_rows("ALL") is None and _check_rows("64") == 64
+    for bad in ("0", "-3", "some"):
+        with pytest.raises(ValueError, match="--check-rows: expected 'all' or an int >= 1"):
+            _check_rows(bad)
+    assert RunConfig.__dataclass_fields__["check_rows"].default is None
+    assert torch.equal(sample_rows(1000, None, "cpu"), torch.arange(1000))
+    assert sample_rows(1000, 10, "cpu").tolist()[::9] == [0, 999]
+    with pytest.raises(ValueError, match="check_rows: expected an int >= 1 or None"):
+        RunConfig(models=(custom_preset(TINY),), sweep_tokens=(1,), distributions=(RoutingDistribution.parse("uniform"),),
+                  backends=("torch-loop",), device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS, check_rows=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_timing_returns_what_the_graph_replays_wrote():
+    """Each graph's output is kept, NaN-filled before the first replay: after the rounds it holds what the timed
+    replays computed, and rows they never write stay NaN."""
+    from moe2cta.serving_bench.timing import time_interleaved
+
+    inputs = [(torch.randn(64, 32, device="cuda"),) for _ in range(2)]
+
+    def half(x):  # writes only the first half of its output rows
+        out = torch.empty_like(x)
+        out[:32] = 2 * x[:32]
+        return out
+
+    out = time_interleaved({"double": lambda x: 2 * x, "half": half}, inputs, torch.device("cuda"), FAST_TIMING)
+    for name in ("double", "half"):
+        assert out[name].mode is TimingMode.CUDA_GRAPH and out[name].rotations == 2 and len(out[name].outputs) == 2
+    for (x,), y in zip(inputs, out["double"].outputs):
+        assert torch.equal(y, 2 * x)
+    for (x,), y in zip(inputs, out["half"].outputs):
+        assert torch.equal(y[:32], 2 * x[:32]) and y[32:].isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_bench_reports_a_backend_whose_graph_replays_are_wrong(monkeypatch):
+    """A backend right when called eagerly (the check before timing) but wrong inside its CUDA graph is reported
+    WRONG from the output of its timed replays; the honest one beside it is OK, every row checked."""
+    from moe2cta.serving_bench.runner import CaseStatus, RunConfig, run_benchmark
+
+    base = BACKENDS["grouped-mm"]
+    ok, why = base.availability(torch.device("cuda"))
+    if not ok:
+        pytest.skip(why)
+
+    def build(preset, weights):
+        real = base.build(preset, weights)
+
+        def forward(hidden, logits):
+            out = real(hidden, logits)
+            return out * 1.5 if torch.cuda.is_current_stream_capturing() else out
+        return forward
+
+    monkeypatch.setitem(BACKENDS, "graph-wrong", dataclasses.replace(base, name="graph-wrong", build=build))
+    run = RunConfig(models=(custom_preset("512,256,16,4"),), sweep_tokens=(8, 600),
+                    distributions=(RoutingDistribution.parse("uniform"),), backends=("grouped-mm", "graph-wrong"),
+                    device=torch.device("cuda"), ceilings=DEFAULT_CEILINGS, timing=FAST_TIMING)
+    bench = run_benchmark(run)
+    by = {(r.backend, r.tokens): r for r in bench.results}
+    for tokens in (8, 600):
+        assert by[("grouped-mm", tokens)].status is CaseStatus.OK, by[("grouped-mm", tokens)].reason
+        wrong = by[("graph-wrong", tokens)]
+        assert wrong.status is CaseStatus.WRONG and wrong.reason.startswith("timed graph replays: relative error")
+    assert len(by[("grouped-mm", 8)].rotation_floors_us) >= 1
