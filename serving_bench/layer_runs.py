@@ -7,8 +7,8 @@ Each RUN_DIR holds the results.json of one `python -m moe2cta.serving_bench --mo
 (device_validate.sh's `layer-full` step writes one per model, so that a partial run keeps what finished). The
 combined JSON has one entry per (model, tokens, backend): floor, median, error, status, time / floor and the
 phase (decode T <= 512, prefill T >= 2048, as the targets define them). The Markdown gives per backend the
-geometric means of time / floor over the decode and prefill cells, the worst cell and how many cells were timed and
-checked, and per cell the medians,
+geometric means of time / floor over the decode and prefill cells, the worst cell and how many of its cells were ok (timed and, for the layers, checked),
+and per cell the medians,
 beside those of a previous combined run when one is given. Only cells whose status is ok count. A prefill cell whose
 samples spread (p90 / p10 above SPREAD_MARK) is marked `~`: on the power-capped H200 such a case's samples fell on two
 clock levels (the boost clock of the first ~0.1 s after a rest, then the capped one; results/stop44-h200-2026-12-04),
@@ -127,7 +127,7 @@ def markdown(run: str, cells: list[dict], previous: list[dict] | None = None, co
     before = summary(previous) if previous else {}
     head = conditions_lines(conditions or {})
     lines = [f"# Full layer, run {run}", "", *head, *([""] if head else []),
-             "| backend | cells timed and checked | decode T<=512 | prefill T>=2048 | all | worst cell |"
+             "| backend | ok cells / cells | decode T<=512 | prefill T>=2048 | all | worst cell |"
              + (" previous decode / prefill / worst |" if before else ""),
              "|---|---|---|---|---|---|" + ("---|" if before else "")]
     for backend, s in now.items():

@@ -366,8 +366,8 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
                                        tolerance=None if verdict is None else verdict.tolerance,
                                        timed_with=timed_with)
             continue
-        if verdict is not None and timing.outputs:  # what the timed graph replays of rotation 0 computed
-            replayed = check_output(timing.outputs[0], case.reference, case.tokens, preset.hidden)
+        if verdict is not None and timing.output is not None:  # what rotation 0's timed graph computes
+            replayed = check_output(timing.output, case.reference, case.tokens, preset.hidden)
             if replayed.status is CheckStatus.FAIL:
                 results[name] = CaseResult(**base, status=CaseStatus.WRONG,
                                            reason=f"timed graph replays: {replayed.reason}", rel_err=replayed.rel_err,

@@ -9,8 +9,10 @@ CUDA (the method of issue 7):
    the host queue the replays ahead, so the events measure GPU time, not launch gaps;
 4. samples: one per replay, in microseconds; median and percentiles are taken over them. Sample i ran rotated
    input i % len(inputs) (TimingResult.rotations), so a caller can relate each sample to its own input;
-5. outputs: each graph's output tensor is kept (NaN-filled before the first replay) and returned in
-   TimingResult.outputs, so that the caller can check what the timed replays computed.
+5. output: rotation 0's graph output is kept; after the rounds it is filled with NaN and that graph replays once
+   more, alone, and TimingResult.output holds what it wrote (NaN where it writes nothing), so that the caller can
+   check what the timed graph computes. (Read right after its own replay: the graphs share one pool, so another
+   rotation's replay may write its scratch over it.)
 Clock reading (`ClockReading.NVML`, the default on CUDA): NVML is read every 5 ms while a case's samples run, and the
 result carries the median SM clock and board power over that window (the same reading for every callable timed in the
 same rounds; none where the driver's NVML library is missing, or where the window held no reading). It says which
@@ -115,8 +117,8 @@ class TimingResult:
     note: str = ""
     clock: ClockWindow | None = None  # SM clock and power while the samples ran (ClockReading.NVML)
     rotations: int = 1  # sample i ran rotated input i % rotations
-    # CUDA graphs: each rotated input's graph output after the rounds (what the timed replays computed); else ()
-    outputs: tuple = dataclasses.field(default=(), repr=False, compare=False)
+    # CUDA graphs: rotation 0's output from one replay after the rounds (module docstring); else None
+    output: object = dataclasses.field(default=None, repr=False, compare=False)
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(np.asarray(self.samples_us), q))
@@ -227,27 +229,36 @@ def time_interleaved(
         capture = captures.get(name, GraphCapture.TRY)
         runners[name], modes[name], notes[name], outputs[name] = _runners(fn, inputs, on_cuda, capture, pool)
     samples, clock = _rounds(runners, failed, config, on_cuda)
+    for name in list(runners):  # what rotation 0's graph writes, read right after its own replay
+        output = outputs.get(name)
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            try:
+                output.fill_(float("nan"))
+                runners[name][0]()
+                torch.cuda.synchronize()
+            except Exception as exc:
+                failed[name] = exc
     out: dict[str, TimingResult | Exception] = {}
     for name in fns:
         out[name] = failed[name] if name in failed else TimingResult(
-            modes[name], tuple(samples[name]), notes[name], clock, len(inputs), outputs[name])
+            modes[name], tuple(samples[name]), notes[name], clock, len(inputs), outputs.get(name))
     return out
 
 
 def _runners(fn, inputs, on_cuda: bool, capture: GraphCapture, pool):
-    """(replay callables, one per rotated input; mode; note; the graphs' outputs, () when not graphed)."""
+    """(replay callables, one per rotated input; mode; note; rotation 0's graph output, None when not graphed)."""
     eager = [lambda args=args: fn(*args) for args in inputs]
     if not on_cuda:
-        return eager, TimingMode.CPU_CLOCK, "", ()
+        return eager, TimingMode.CPU_CLOCK, "", None
     if capture is GraphCapture.NEVER:
-        return eager, TimingMode.CUDA_EVENTS, "backend syncs with the host; timed eagerly", ()
+        return eager, TimingMode.CUDA_EVENTS, "backend syncs with the host; timed eagerly", None
     try:
-        graphs, outputs = _capture_graphs(fn, inputs, pool)
+        graphs, output = _capture_graphs(fn, inputs, pool)
     except Exception as exc:  # a backend that syncs inside: time it eagerly, say so
         torch.cuda.synchronize()
         text = str(exc).splitlines()[0][:120] if str(exc) else ""
-        return eager, TimingMode.CUDA_EVENTS, f"graph capture failed ({type(exc).__name__}: {text}); timed eagerly", ()
-    return [g.replay for g in graphs], TimingMode.CUDA_GRAPH, "", tuple(outputs)
+        return eager, TimingMode.CUDA_EVENTS, f"graph capture failed ({type(exc).__name__}: {text}); timed eagerly", None
+    return [g.replay for g in graphs], TimingMode.CUDA_GRAPH, "", output
 
 
 def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) -> tuple[dict[str, list[float]],
@@ -389,10 +400,9 @@ def _sample_rounds(runners: dict, rounds: int, on_cuda: bool, clock: _ClockRead 
     return samples
 
 
-def _capture_graphs(fn, inputs, pool=None) -> tuple[list, list]:
-    """(one CUDA graph per rotated input, in one memory pool (`pool`, else a new one); each graph's output). The
-    outputs are kept, so no later graph reuses their memory, and floating outputs are filled with NaN, so that rows
-    the replays never write show as NaN when the caller checks them."""
+def _capture_graphs(fn, inputs, pool=None) -> tuple[list, object]:
+    """(one CUDA graph per rotated input, in one memory pool (`pool`, else a new one); the first graph's output, kept
+    so that no later capture allocates over it; the other outputs are dropped (scratch only))."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -401,17 +411,17 @@ def _capture_graphs(fn, inputs, pool=None) -> tuple[list, list]:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     pool = pool if pool is not None else torch.cuda.graph_pool_handle()
-    graphs, outputs = [], []
+    graphs, first = [], None
     for args in inputs:
         graph = torch.cuda.CUDAGraph()
         with capture_cuda_graph(graph, pool=pool):  # a failed capture leaves the stream and torch's RNG as they were
             out = fn(*args)
         graphs.append(graph)
-        if isinstance(out, torch.Tensor) and out.is_floating_point():
-            out.fill_(float("nan"))
-        outputs.append(out)
+        if first is None:
+            first = out
+        del out
     torch.cuda.synchronize()
-    return graphs, outputs
+    return graphs, first
 
 
 def _gpu_sleep(seconds: float) -> None:
