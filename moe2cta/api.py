@@ -786,6 +786,9 @@ class MoELayer:
         if tuning_cache is None or isinstance(tuning_cache, tuning.TuningCache):
             self.tuning_cache = tuning_cache
         elif isinstance(tuning_cache, (str, os.PathLike)):
+            if not os.path.isfile(tuning_cache):  # a mistyped path would otherwise serve untuned without a word
+                raise ValueError(f"tuning_cache: {os.fspath(tuning_cache)!r} is not a file (write one with "
+                                 "`moe2cta tune run --cache FILE`, or pass a TuningCache to start an empty one)")
             self.tuning_cache = tuning.TuningCache(tuning_cache)
         else:
             raise TypeError(f"tuning_cache: expected a TuningCache, a path or None, got {type(tuning_cache).__name__}")

@@ -61,7 +61,7 @@ from .router.reference import (
     gather_reference,
     route_reference,
 )
-from .validation import validate_moe
+from .validation import FLOAT_DTYPES, check_topk, require_tensor, validate_moe
 
 __all__ = [
     "ExpertPlacement",
@@ -173,11 +173,16 @@ class ExpertParallelConfig:
 def capacity_per_peer_for(num_tokens: int, top_k: int, world_size: int, capacity_factor: float = 1.0) -> int:
     """PADDED_CAPACITY rows per peer for a capacity factor: ceil(factor * T*k / W), within [1, T*k].
 
-    factor 1.0 fits a perfectly balanced routing; factor >= W (or capacity None) never drops.
+    factor 1.0 fits a perfectly balanced routing; factor >= W (math.inf included, or capacity None) never drops.
     """
-    if not capacity_factor > 0:
-        raise ValueError(f"capacity_factor: expected > 0, got {capacity_factor!r}")
+    for name, value, least in (("num_tokens", num_tokens, 0), ("top_k", top_k, 1), ("world_size", world_size, 1)):
+        if not _is_int(value) or value < least:
+            raise ValueError(f"{name}: expected an int >= {least}, got {value!r}")
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) or not capacity_factor > 0:
+        raise ValueError(f"capacity_factor: expected a number > 0 (math.inf: never drop), got {capacity_factor!r}")
     slots = num_tokens * top_k
+    if capacity_factor >= world_size:
+        return max(1, slots)
     return max(1, min(slots, math.ceil(capacity_factor * slots / world_size)))
 
 
@@ -211,6 +216,8 @@ def local_expert_ids(
     rank: int, world_size: int, num_global_experts: int, placement: ExpertPlacement = ExpertPlacement.CONTIGUOUS
 ) -> list[int]:
     """Global ids of rank's experts, in local-id order (local id i holds global expert result[i])."""
+    if not _is_int(rank) or not _is_int(world_size) or not 0 <= rank < world_size:
+        raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank!r}")
     owner, local = expert_owner_and_local_id(torch.arange(num_global_experts), world_size, num_global_experts, placement)
     mine = [(int(l), e) for e, (o, l) in enumerate(zip(owner.tolist(), local.tolist())) if o == rank]
     return [e for _, e in sorted(mine)]
@@ -291,6 +298,7 @@ class EPDispatched(NamedTuple):
     send_splits: list | None  # rows sent to each rank (EXACT_SPLITS), None when padded
     recv_splits: list | None  # rows received from each rank (EXACT_SPLITS), None when padded
     num_dropped: torch.Tensor  # [] int64 on device: slots dropped by capacity (always 0 in EXACT_SPLITS)
+    num_local_experts: int = 0  # this rank's experts (ep_config.num_local_experts): ep_expert_compute's weights
 
 
 def _all_to_all(out, inp, out_splits, in_splits, group, world_size: int) -> None:
@@ -376,6 +384,12 @@ def ep_dispatch(
     stages: RankStages = TORCH_STAGES,
 ) -> EPDispatched:
     """Send each slot's token row (and its local expert id) to the rank owning its expert."""
+    if not isinstance(ep_config, ExpertParallelConfig):
+        raise TypeError(f"ep_config: expected an ExpertParallelConfig, got {type(ep_config).__name__}")
+    require_tensor("hidden", hidden, ndim=2, dtypes=FLOAT_DTYPES)
+    check_topk(topk_weights, topk_ids, hidden.shape[0], ep_config.num_global_experts)
+    if topk_ids.device != hidden.device:
+        raise ValueError(f"topk_ids: expected a tensor on {hidden.device} (the device of hidden), got {topk_ids.device}")
     router_weight_on = RouterWeightOn.parse(router_weight_on)
     world = ep_config.world_size
     num_tokens, top_k = topk_ids.shape
@@ -410,7 +424,8 @@ def ep_dispatch(
     _all_to_all(recv_ids, send_ids, recv_splits, send_splits, group, world)
     num_dropped = (send_layout.slot_rows < 0).sum()
     return EPDispatched(
-        recv_rows, recv_ids, send_layout, combine_weights, num_tokens, top_k, send_splits, recv_splits, num_dropped
+        recv_rows, recv_ids, send_layout, combine_weights, num_tokens, top_k, send_splits, recv_splits, num_dropped,
+        ep_config.num_local_experts,
     )
 
 
@@ -430,8 +445,22 @@ def ep_expert_compute(
     Empty rows (local id -1) are off-rank slots for the dispatch (docs/design.md) and come out as zeros.
     Unweighted: the source applies the router weights.
     """
+    if not isinstance(dispatched, EPDispatched):
+        raise TypeError(f"dispatched: expected ep_dispatch's EPDispatched, got {type(dispatched).__name__}")
     rows, ids = dispatched.recv_rows, dispatched.recv_local_ids
+    require_tensor("w13_local", w13_local, ndim=3)
+    require_tensor("w2_local", w2_local, ndim=3)
     num_local = w13_local.shape[0]
+    if dispatched.num_local_experts and num_local != dispatched.num_local_experts:
+        raise ValueError(f"w13_local: expected this rank's {dispatched.num_local_experts} experts (ep_config), got "
+                         f"shape {tuple(w13_local.shape)}")
+    hidden_size = rows.shape[1]
+    if w13_local.shape[2] != hidden_size or w13_local.shape[1] % 2:
+        raise ValueError(f"w13_local: expected [E_local, 2I, {hidden_size}] (H of the received rows), got shape "
+                         f"{tuple(w13_local.shape)}")
+    if tuple(w2_local.shape) != (num_local, hidden_size, w13_local.shape[1] // 2):
+        raise ValueError(f"w2_local: expected shape {(num_local, hidden_size, w13_local.shape[1] // 2)} "
+                         f"([E_local, H, I] of w13_local), got {tuple(w2_local.shape)}")
     local_disp = stages.dispatch(ids.view(-1, 1), num_local, align=align)
     a1 = stages.gather(rows, local_disp, 1)
     y = stages.grouped_experts(a1, w13_local, w2_local, local_disp, activation, b13_local, b2_local)
@@ -448,6 +477,12 @@ def ep_combine(
     stages: RankStages = TORCH_STAGES,
 ) -> torch.Tensor:
     """Return expert outputs to their source ranks and combine in fixed slot order (fp32) -> out [T, H]."""
+    if not isinstance(dispatched, EPDispatched):
+        raise TypeError(f"dispatched: expected ep_dispatch's EPDispatched, got {type(dispatched).__name__}")
+    require_tensor("y_recv", y_recv, ndim=2, dtypes=FLOAT_DTYPES)
+    if y_recv.shape[0] != dispatched.recv_rows.shape[0]:
+        raise ValueError(f"y_recv: expected {dispatched.recv_rows.shape[0]} rows (one per received row, "
+                         f"ep_expert_compute's output), got shape {tuple(y_recv.shape)}")
     world = ep_config.world_size
     send_layout = dispatched.send_layout
     y_back = torch.empty(send_layout.sorted_slots.shape[0], y_recv.shape[1], dtype=y_recv.dtype, device=y_recv.device)

@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     unit.add_argument("--pair", dest="unit", action="store_const", const=WorkUnit.PAIR, help="2-CTA work unit")
     unit.add_argument("--single", dest="unit", action="store_const", const=WorkUnit.SINGLE, help="1-CTA work unit")
     p.add_argument("--accumulator-slots", type=int, help="accumulator slots of the explicit candidate")
-    p.add_argument("--pair-threshold", type=int, default=0, help="PAIR: experts with fewer rows run 1-CTA tiles")
+    p.add_argument("--pair-threshold", type=int, default=None,
+                   help="PAIR: experts with fewer rows run 1-CTA tiles (default 0; with --tile)")
     p.add_argument("--min-coverage", type=float, default=None,
                    help="drop candidates under this share of the best coverage (default: the hardware model's, "
                         "H200 0.5, B200 0.8)")
@@ -253,10 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     arch = Arch.parse(args.arch) if args.arch else _default_arch()
     explicit = args.tile is not None
-    if not explicit and (args.stages is not None or args.unit is not None or args.accumulator_slots is not None):
-        parser.error("--stages, --pair/--single and --accumulator-slots describe an explicit candidate: give --tile too")
+    if not explicit and (args.stages is not None or args.unit is not None or args.accumulator_slots is not None
+                         or args.pair_threshold is not None):
+        parser.error("--stages, --pair/--single, --accumulator-slots and --pair-threshold describe an explicit "
+                     "candidate: give --tile too")
     if args.top < 1:
         parser.error(f"--top: expected an int >= 1, got {args.top}")
+    if args.min_coverage is not None and not 0.0 <= args.min_coverage <= 1.0:
+        parser.error(f"--min-coverage: expected a share in 0..1 of the best coverage, got {args.min_coverage}")
     if args.buckets is not None:
         if args.buckets < 1:
             parser.error(f"--buckets: expected MAX_ROWS >= 1 (rows per expert), got {args.buckets}")
@@ -268,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             preset = get_preset(args.model)
         except ValueError as exc:
             parser.error(str(exc))
-        rows = _bucket_plans(preset, arch, args.buckets, args.min_coverage)
+        try:
+            rows = _bucket_plans(preset, arch, args.buckets, args.min_coverage)
+        except ValueError as exc:
+            parser.error(str(exc))
         if args.json:
             print(json.dumps({"model": preset.name, "arch": arch.value, "buckets": rows}, indent=1))
         else:
@@ -284,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             cand = planner.make_candidate(arch, args.unit or WorkUnit.SINGLE, bm, bn, bk,
                                           args.stages if args.stages is not None else 3,
                                           accumulator_slots=args.accumulator_slots,
-                                          pair_threshold=args.pair_threshold)
+                                          pair_threshold=args.pair_threshold or 0)
             evals = [planner.evaluate(cand, prob) for prob in problems]
         else:
             results = [planner.search(prob, arch, min_coverage_ratio=args.min_coverage) for prob in problems]

@@ -104,8 +104,8 @@ def token_bucket(tokens_per_expert: float) -> int:
     """Power of two >= tokens_per_expert, clamped to 1 .. MAX_BUCKET (0 and fractions go to 1)."""
     if isinstance(tokens_per_expert, bool) or not isinstance(tokens_per_expert, (int, float)):
         raise TypeError(f"tokens_per_expert: expected a number, got {tokens_per_expert!r}")
-    if tokens_per_expert < 0 or math.isnan(tokens_per_expert):
-        raise ValueError(f"tokens_per_expert: expected >= 0, got {tokens_per_expert!r}")
+    if not 0 <= tokens_per_expert < math.inf:  # also NaN
+        raise ValueError(f"tokens_per_expert: expected a finite number >= 0, got {tokens_per_expert!r}")
     if tokens_per_expert <= 1:
         return 1
     return min(MAX_BUCKET, 1 << math.ceil(math.log2(tokens_per_expert)))
@@ -189,7 +189,7 @@ class TuningEntry:
             return cls(key, candidate_from_dict(d["candidate"]), float(d["seconds"]), int(d.get("tried", 0)),
                        d.get("heuristic_seconds"), str(d.get("created", "")),
                        BucketRows.parse(d.get("rows", BucketRows.EQUAL.value)).value)
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"entry: malformed {d!r}: {exc}") from None
 
 
@@ -216,15 +216,24 @@ class TuningCache:
 
     def _load(self) -> None:
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            data = json.loads(self.path.read_bytes().decode("utf-8"))
+        except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
             raise ValueError(f"tuning cache {self.path}: unreadable ({exc}); delete it or pass another path") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"tuning cache {self.path}: not a {FORMAT} file")
         if data.get("version") != VERSION:
             raise ValueError(f"tuning cache {self.path}: version {data.get('version')!r}, expected {VERSION}")
-        for key_str, entry in data.get("entries", {}).items():
-            parsed = TuningEntry.from_json(entry)
+        entries = data.get("entries", {})
+        if not isinstance(entries, dict):
+            raise ValueError(f"tuning cache {self.path}: 'entries' is a {type(entries).__name__}, expected an object "
+                             "of key -> entry")
+        for key_str, entry in entries.items():
+            try:
+                if not isinstance(entry, dict):
+                    raise ValueError(f"expected an object, got {type(entry).__name__}")
+                parsed = TuningEntry.from_json(entry)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"tuning cache {self.path}: entry {key_str!r}: {exc}") from None
             if parsed.key.to_str() != key_str:
                 raise ValueError(f"tuning cache {self.path}: entry {key_str!r} holds key {parsed.key.to_str()!r}")
             self.entries[key_str] = parsed
@@ -271,6 +280,8 @@ def bucket_problem(kind: planner.GemmKind, num_experts: int, n: int, k: int, buc
     fields: further GemmProblem fields (dtype, activation, has_bias, has_row_scale).
     """
     rows = BucketRows.parse(rows)
+    if bucket not in BUCKETS:
+        raise ValueError(f"bucket: expected a power of two in 1..{MAX_BUCKET} (see token_bucket), got {bucket!r}")
     hit = num_experts if experts_hit is None else experts_hit
     if not 1 <= hit <= num_experts:
         raise ValueError(f"experts_hit: expected 1..{num_experts}, got {experts_hit!r}")
@@ -701,9 +712,10 @@ def select_config(
     Cheap and GPU-free; call it outside CUDA-graph capture and keep the result per bucket. fields: further
     GemmProblem fields for the heuristic's problem (dtype, activation, has_bias, has_row_scale).
     """
+    arch = Arch.parse(arch)
     if cache is not None:
         entry = cache.get(key)
-        if entry is not None:
+        if entry is not None and entry.candidate.arch is arch:  # another family's entry: the heuristic instead
             return entry.candidate, "tuned"
     problem = bucket_problem(kind, key.num_experts, key.n, key.k, key.bucket, **fields)
     return planner.search(problem, arch, hardware).chosen.candidate, "heuristic"
@@ -770,6 +782,8 @@ def layer_bucket(num_tokens: int, top_k: int, num_experts: int) -> int:
     for name, value in (("num_tokens", num_tokens), ("top_k", top_k), ("num_experts", num_experts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "num_tokens" else 1):
             raise ValueError(f"{name}: expected an int >= {0 if name == 'num_tokens' else 1}, got {value!r}")
+    if top_k > num_experts:
+        raise ValueError(f"top_k: expected at most num_experts ({num_experts}), got {top_k}")
     if num_tokens == 0:
         return 1
     hit = planner.expected_experts_hit(num_tokens, top_k, num_experts)
@@ -828,6 +842,9 @@ def kernel_configs_for_layer(
     key's GPU name (default: the current CUDA device's name, else the planner's name for arch).
     """
     arch = Arch.parse(arch)
+    for name, value in (("hidden", hidden), ("intermediate", intermediate)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
     bucket = layer_bucket(num_tokens, top_k, num_experts)
     if cache is None:
         return None, None, "default (no tuning cache)"
@@ -852,6 +869,11 @@ def kernel_configs_for_layer(
         if entry is None:
             configs.append(None)
             sources.append(f"default (bucket {bucket} not tuned)")
+            continue
+        if entry.candidate.arch is not arch:  # a hand-edited or merged file: another family's configuration
+            configs.append(None)
+            sources.append(f"default (cached {key.to_str()} is a {entry.candidate.arch.value} configuration, "
+                           f"expected {arch.value})")
             continue
         problem = bucket_problem(kind, num_experts, n, k, bucket, dtype=dtype_name, **fields)
         try:

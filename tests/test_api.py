@@ -909,12 +909,16 @@ def test_gpu_packed_w13_layer_holds_one_copy(backend):
 
 
 def test_layer_tuning_cache_argument(tmp_path):
-    """tuning_cache: a TuningCache, a path (loaded lazily) or None; anything else is a TypeError naming it."""
+    """tuning_cache: a TuningCache, the path of a cache file, or None; a path that is not a file is a ValueError (a
+    typo would otherwise serve untuned), anything else a TypeError, both naming it."""
     from moe2cta import tuning
 
     w13 = torch.randn(4, 2 * 16, 32)
     w2 = torch.randn(4, 32, 16)
     routing = RoutingConfig(top_k=2)
+    with pytest.raises(ValueError, match="tuning_cache: .*tuning.json' is not a file"):
+        MoELayer(w13, w2, routing=routing, backend="torch", tuning_cache=tmp_path / "tuning.json")
+    tuning.TuningCache(tmp_path / "tuning.json").save()
     layer = MoELayer(w13, w2, routing=routing, backend="torch", tuning_cache=tmp_path / "tuning.json")
     assert isinstance(layer.tuning_cache, tuning.TuningCache)
     cache = tuning.TuningCache(tmp_path / "other.json")

@@ -399,3 +399,46 @@ def test_capacity_per_peer_for():
     assert capacity_per_peer_for(0, 8, 2) == 1
     with pytest.raises(ValueError, match="capacity_factor"):
         capacity_per_peer_for(8, 2, 2, 0.0)
+
+
+def test_capacity_and_rank_helpers_check_their_arguments():
+    assert capacity_per_peer_for(8, 2, 4) == 4 and capacity_per_peer_for(8, 2, 4, float("inf")) == 16
+    assert capacity_per_peer_for(0, 2, 4) == 1
+    for args, named in (((-5, 2, 4), "num_tokens"), ((4.5, 2, 4), "num_tokens"), ((8, 0, 4), "top_k"),
+                        ((8, 2, 0), "world_size"), ((8, 2, 4, "2"), "capacity_factor"),
+                        ((8, 2, 4, float("nan")), "capacity_factor")):
+        with pytest.raises(ValueError, match=f"^{named}: expected"):
+            capacity_per_peer_for(*args)
+    for rank in (5, -1, 2):
+        with pytest.raises(ValueError, match="rank: expected an int in"):
+            local_expert_ids(rank, 2, 8)
+
+
+def test_phase_functions_check_their_inputs():
+    """ep_dispatch / ep_expert_compute / ep_combine called directly (one rank): mismatched shapes, float ids, weights
+    for the wrong number of local experts and a short y_recv are named, not run."""
+    cfg = ExpertParallelConfig(world_size=1, rank=0, num_global_experts=4)
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(4, 16, generator=gen)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2]], dtype=torch.int32)
+    weights = torch.rand(4, 2, generator=gen)
+    with pytest.raises(ValueError, match="topk_weights: expected shape"):
+        ep_dispatch(hidden, torch.rand(4, 3), ids, cfg)
+    with pytest.raises(TypeError, match="topk_ids"):
+        ep_dispatch(hidden, weights, ids.float(), cfg)
+    with pytest.raises(ValueError, match="topk_ids: expected 5 rows"):
+        ep_dispatch(torch.randn(5, 16), weights, ids, cfg)
+    with pytest.raises(TypeError, match="ep_config"):
+        ep_dispatch(hidden, weights, ids, None)
+    dispatched = ep_dispatch(hidden, weights, ids, cfg)
+    w13, w2 = torch.randn(4, 2 * 8, 16, generator=gen), torch.randn(4, 16, 8, generator=gen)
+    with pytest.raises(ValueError, match="w13_local: expected this rank's 4 experts"):
+        ep_expert_compute(dispatched, w13[:2], w2[:2])
+    with pytest.raises(ValueError, match="w2_local: expected shape"):
+        ep_expert_compute(dispatched, w13, w2[:, :, :4])
+    y = ep_expert_compute(dispatched, w13, w2)
+    with pytest.raises(ValueError, match="y_recv: expected 8 rows"):
+        ep_combine(y[:5], dispatched, cfg)
+    out = ep_combine(y, dispatched, cfg)
+    want = moe_reference(hidden, w13, w2, weights, ids, dtype=torch.float64)
+    assert (out.double() - want).abs().max() <= 1e-4 * want.abs().max()

@@ -331,7 +331,11 @@ def test_cli_errors(capsys):
     for argv, named in ((["--model", "qwen3-30b-a3b"], "--model needs --tokens"),
                         (["--gemm", "384,4096,4096", "--stages", "3"], "give --tile too"),
                         (["--gemm", "384,4096"], "--gemm M,N,K: expected 3 integers"),
-                        (["--model", "no-such-model", "--tokens", "1"], "no-such-model")):
+                        (["--model", "no-such-model", "--tokens", "1"], "no-such-model"),
+                        (["--gemm", "10,4096,4096", "--pair-threshold", "5"], "give --tile too"),
+                        (["--model", "qwen3-30b-a3b", "--buckets", "4", "--min-coverage", "2"],
+                         "--min-coverage: expected a share in 0..1"),
+                        (["--gemm", "384,4096,4096", "--min-coverage", "-0.5"], "--min-coverage")):
         with pytest.raises(SystemExit) as exit_info:
             plan_cli.main(argv)
         assert exit_info.value.code == 2 and named in capsys.readouterr().err, argv

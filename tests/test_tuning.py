@@ -387,3 +387,50 @@ def test_tune_run_on_gpu_with_bundle(tmp_path, bucket_rows):
     assert len(cache) == 4 and {e.rows for e in cache.entries.values()} == {bucket_rows}
     g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", 256, 128, 4, 2, 1, cache=cache)
     assert source == "tuned (bucket 1)" and g1 is not None and g2 is not None
+
+
+def test_a_corrupt_tuning_cache_names_the_file_and_the_entry(tmp_path):
+    path = tmp_path / "tuning.json"
+    good = tuning.TuningCache(path)
+    key = tuning.TuningKey("NVIDIA H200", "bfloat16", 128, 1536, 2048, "swiglu", 512)
+    good.put(tuning.TuningEntry(key, planner.make_candidate("sm_90a", "single", 128, 256, 64, 4), 1e-4))
+    data = good.to_json()
+    path.write_bytes(b"\xff\xfe not utf-8")
+    with pytest.raises(ValueError, match=f"tuning cache {path}: unreadable"):
+        tuning.TuningCache(path)
+    for entries in ([1], None):
+        path.write_text(json.dumps(data | {"entries": entries}))
+        with pytest.raises(ValueError, match=f"tuning cache {path}: 'entries' is a"):
+            tuning.TuningCache(path)
+    for field, value in (("seconds", "abc"), ("tried", "x"), ("key", {**data["entries"][key.to_str()]["key"],
+                                                                       "num_experts": 0})):
+        entry = dict(data["entries"][key.to_str()], **{field: value})
+        path.write_text(json.dumps(data | {"entries": {key.to_str(): entry}}))
+        with pytest.raises(ValueError, match=f"tuning cache {path}: entry '{key.to_str()}'"):
+            tuning.TuningCache(path)
+
+
+@needs_family
+def test_another_familys_entry_is_not_served(tmp_path):
+    """An entry whose candidate is an sm_100a configuration (a merged or hand-edited file) in an sm_90a lookup: the
+    family default with the reason, never the other family's config object."""
+    cache = tuning.TuningCache(tmp_path / "t.json")
+    key = tuning.TuningKey("NVIDIA H200", "bfloat16", 128, 1536, 2048, "swiglu", 512)
+    cache.put(tuning.TuningEntry(key, planner.make_candidate("sm_100a", "pair", 256, 256, 64, 4), 1e-4))
+    g1, g2, source = tuning.kernel_configs_for_layer("sm_90a", 2048, 768, 128, 8, 8192, cache=cache, gpu="NVIDIA H200")
+    assert g1 is None and "is a sm_100a configuration, expected sm_90a" in source
+    candidate, how = tuning.select_config(key, planner.GemmKind.GEMM1, "sm_90a", cache=cache)
+    assert how == "heuristic" and candidate.arch is planner.Arch.SM90
+
+
+def test_tuning_arguments_are_named():
+    with pytest.raises(ValueError, match="top_k: expected at most num_experts"):
+        tuning.layer_bucket(4, 9, 8)
+    for name, dims in (("hidden", dict(hidden=0, intermediate=768)), ("intermediate", dict(hidden=2048, intermediate=-1))):
+        with pytest.raises(ValueError, match=f"^{name}: expected an int >= 1"):
+            tuning.kernel_configs_for_layer("sm_90a", num_experts=8, top_k=2, num_tokens=4, **dims)
+    with pytest.raises(ValueError, match="tokens_per_expert: expected a finite number"):
+        tuning.token_bucket(float("inf"))
+    for bucket in (0, 3):
+        with pytest.raises(ValueError, match="bucket: expected a power of two"):
+            tuning.bucket_problem(planner.GemmKind.GEMM1, 8, 256, 128, bucket)
