@@ -105,7 +105,7 @@ def bundle_requests(bundle_dir: str, out_file: str, exclude_dirs=()) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe2cta.aot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="moe2cta aot", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile a model's kernels into a bundle directory")
     what = b.add_mutually_exclusive_group(required=True)

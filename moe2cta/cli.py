@@ -61,9 +61,12 @@ def _backends(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if not args:  # a usage error: the usage goes to stderr
+        print(_usage(), file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help"):
         print(_usage())
-        return 0 if args else 2
+        return 0
     if args[0] == "--version":
         from . import __version__
 

@@ -27,7 +27,11 @@ Equivalence: a call returns what `layer(...)` returns on the padded batch (rows 
 What a graph holds by address, so must stay in place: the layer's weights, biases, expert map and prepared (packed)
 tensors. Weights updated in place (`w.copy_(new)`) are seen by the next replay; rebinding a layer attribute to a
 new tensor is not (build a new GraphedMoELayer). Replays run on the caller's current stream; a GraphedMoELayer is
-not for concurrent use from two streams (its static buffers are shared by every call).
+not for concurrent use from two streams or threads (its static buffers are shared by every call), and a capture
+(`capture()` ahead of time, or the first call of a size) synchronizes the device: capture while no other thread
+runs CUDA work. Each graph is captured on a stream of the layer's device, whichever device was current before.
+Inference only: inputs are copied in without autograd history, and the output carries none (a graph replay is
+invisible to autograd), so inputs that require grad neither keep their graphs alive nor get gradients.
 """
 from __future__ import annotations
 
@@ -101,6 +105,7 @@ class GraphedMoELayer:
     docstring). inputs: GraphInputs.ROUTER_LOGITS (call as graphed(hidden, router_logits)) or TOPK (call as
     graphed(hidden, topk_weights=..., topk_ids=...), with top_k slots: the layer's routing's unless given).
     output: GraphOutput.COPY (default) or STATIC_BUFFER (no copy; the view is overwritten by the next call).
+    Inference only, one stream or thread at a time (module docstring).
     """
 
     def __init__(
@@ -181,8 +186,9 @@ class GraphedMoELayer:
 
     def static_inputs(self, num_tokens: int) -> tuple[torch.Tensor, ...]:
         """Views of rows 0..num_tokens-1 of the static inputs: (hidden, router_logits) or (hidden, topk_weights,
-        topk_ids), in the order of a call's arguments. Write a batch into them and call with them (positionally,
-        or by name): no input copy. Every call writes these buffers, so fill them right before the call."""
+        topk_ids), in the order of a call's arguments. Write a batch into them and call with them: no input copy
+        (graphed(hidden, router_logits), or graphed(hidden, topk_weights=..., topk_ids=...): those two are
+        keyword-only). Every call writes these buffers, so fill them right before the call."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 1 <= num_tokens <= self.batch_sizes[-1]:
             raise ValueError(f"num_tokens: expected an int in [1, {self.batch_sizes[-1]}] (the largest batch size), "
                              f"got {num_tokens!r}")
@@ -208,7 +214,9 @@ class GraphedMoELayer:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with capture_cuda_graph(graph, pool=self._pool):
+            # on `side`, a stream of the layer's device: torch.cuda.graph's own default stream is made once per
+            # process, on whichever device was current at the first capture anywhere
+            with capture_cuda_graph(graph, pool=self._pool, stream=side):
                 out = self._forward_static(size)
             torch.cuda.synchronize()
         self._graphs[size] = (graph, out)
@@ -257,6 +265,11 @@ class GraphedMoELayer:
         if size not in self._graphs:
             self._capture(size)
         sources = (router_logits,) if self.inputs is GraphInputs.ROUTER_LOGITS else (topk_weights, topk_ids)
+        return self._replay(size, num_tokens, hidden, sources)
+
+    @torch.no_grad()  # inference only: no autograd history on the static buffers (module docstring)
+    def _replay(self, size: int, num_tokens: int, hidden: torch.Tensor, sources: tuple) -> torch.Tensor:
+        """Copy the batch into the static buffers, write the padding rows, replay the graph of `size`."""
         for buffer, source in zip((self._hidden, *self._routing_buffers), (hidden, *sources)):
             static_rows = buffer[:num_tokens]
             if (source.data_ptr(), source.dtype, source.stride()) != (static_rows.data_ptr(), static_rows.dtype,

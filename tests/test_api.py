@@ -416,6 +416,8 @@ def test_cli_usage_and_unknown(capsys):
     assert cli_main(["--help"]) == 0
     assert "plan" in capsys.readouterr().out
     assert cli_main([]) == 2
+    no_command = capsys.readouterr()
+    assert "plan" in no_command.err and no_command.out == ""  # a usage error: usage on stderr
     assert cli_main(["frobnicate"]) == 2
     assert "unknown subcommand" in capsys.readouterr().err
     assert cli_main(["--version"]) == 0

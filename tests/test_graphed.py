@@ -269,3 +269,37 @@ def test_gpu_failed_capture_leaves_the_stream_and_the_generator_as_they_were():
     assert result.mode is TimingMode.CUDA_EVENTS and "graph capture failed" in result.note
     assert torch.cuda.current_stream() == before
     assert torch.randn(8, device="cuda").isfinite().all()
+
+
+def test_a_call_leaves_no_autograd_history_on_the_static_buffers():
+    """Inputs that require grad (router logits from an nn.Linear gate, outside no_grad) are copied into the static
+    buffers without autograd history: no call keeps an earlier call's graph (and its activations) alive. The replay
+    itself is stood in for (no GPU needed): _replay is the whole per-call path after the checks."""
+    import gc
+    import weakref
+
+    graphed = GraphedMoELayer.__new__(GraphedMoELayer)
+    graphed._hidden, graphed._logits = torch.zeros(4, 8), torch.zeros(4, 3)
+    graphed._routing_buffers, graphed._zero_padded, graphed._token0_padded = (graphed._logits,), (graphed._hidden,), (
+        graphed._logits,)
+    graphed._dirty_rows, graphed.output = 0, GraphOutput.COPY
+    out = torch.zeros(4, 8)
+
+    class StandIn:
+        def replay(self):
+            out.copy_(graphed._hidden * 2)
+
+    graphed._graphs = {4: (StandIn(), out)}
+    gate = torch.nn.Linear(8, 3)
+    alive = []
+    for _ in range(3):
+        hidden = torch.randn(2, 8, requires_grad=True)
+        activation = hidden * 1.0  # an upstream activation the logits' graph holds
+        logits = gate(activation)
+        alive.append(weakref.ref(activation))
+        result = graphed._replay(4, 2, hidden, (logits,))
+        assert torch.equal(result, 2 * hidden.detach()) and not result.requires_grad
+        assert graphed._logits.grad_fn is None and not graphed._logits.requires_grad
+        del hidden, activation, logits, result
+    gc.collect()
+    assert all(ref() is None for ref in alive)
