@@ -18,8 +18,8 @@ tile_offsets[1:], loaded once per program). Row of the tile: row_offsets[e] + lo
 The grid is persistent: min(num_SMs * programs_per_sm, a static bound on tiles) programs take the linear
 tile ids, STATIC (program p: p, p + programs, ...) or DYNAMIC (the next id from a global atomic counter,
 fetched one tile ahead; the host wrapper zeroes a fresh counter for every launch, in stream order, so no
-state outlives a launch or a graph replay; the last program to finish also zeroes it). The tile count, tile_offsets[h_index, E] * n_tiles, is read on
-the device, so there is no host sync and a launch can be captured in a CUDA graph and replayed with
+state outlives a launch or a graph replay). The tile count, tile_offsets[h_index, E] * n_tiles, is read on the
+device, so there is no host sync and a launch can be captured in a CUDA graph and replayed with
 another routing.
 Raster: tile ids are grouped by `group_m` m-tiles that sweep all N tiles together (group_m = 1: programs
 running together share A rows; large group_m: they share the weight tile of one expert).
@@ -86,7 +86,7 @@ class TileScheduler(enum.Enum):
     STATIC = "static"  # program p takes tiles p, p + programs, p + 2 * programs, ...
     # each program takes the next tile from a global atomic counter (fetched one tile ahead), so the tiles
     # that read one weight tile (the m-tiles of one expert) start back to back; every launch gets its own
-    # counter, zeroed in stream order (the last program to finish also zeroes it)
+    # counter, zeroed in stream order
     DYNAMIC = "dynamic"
 
 
@@ -160,7 +160,11 @@ def _is_pow2(x: int) -> bool:
 def can_implement(config: TritonGemmConfig, problem: GroupedGemmProblem) -> tuple[bool, str]:
     """Whether this config can run this problem; the reason names what is off."""
     if not isinstance(config, TritonGemmConfig):
-        return False, f"config: expected TritonGemmConfig, got {type(config).__name__}"
+        return False, f"expected a TritonGemmConfig, got {type(config).__name__}"
+    for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m", "programs_per_sm"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return False, f"{name}: expected an int, got {value!r}"
     if problem.dtype not in _SUPPORTED_DTYPES:
         return False, f"dtype {problem.dtype} not in {_SUPPORTED_DTYPES}"
     if min(problem.num_experts, problem.n, problem.k) < 1 or problem.routed_rows < 0:
@@ -276,9 +280,10 @@ def _gated_activation(gate, up, ACTIVATION: tl.constexpr):
         result = gate / (1.0 + tl.exp(-gate)) * up
     elif ACTIVATION == 1:  # GELU_GATED: gelu_erf(gate) * up
         result = 0.5 * gate * (1.0 + tl.math.erf(gate * 0.7071067811865476)) * up
-    else:  # SWIGLU_OAI (gpt-oss)
-        gate = tl.minimum(gate, _OAI_LIMIT)
-        up = tl.minimum(tl.maximum(up, -_OAI_LIMIT), _OAI_LIMIT)
+    else:  # SWIGLU_OAI (gpt-oss); a NaN stays NaN, as in torch.clamp (Triton's default min / max drop it)
+        gate = tl.minimum(gate, _OAI_LIMIT, propagate_nan=tl.PropagateNan.ALL)
+        up = tl.minimum(tl.maximum(up, -_OAI_LIMIT, propagate_nan=tl.PropagateNan.ALL), _OAI_LIMIT,
+                        propagate_nan=tl.PropagateNan.ALL)
         result = (up + 1.0) * (gate / (1.0 + tl.exp(gate * -_OAI_ALPHA)))
     return result
 
@@ -426,13 +431,6 @@ def _grouped_gemm_kernel(
         out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :].to(tl.int64) * stride_on
         tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & n_valid[None, :])
         tile = next_tile
-    if DYNAMIC:
-        # Epoch reset: every program counts itself done after its last fetch; the last one zeroes both
-        # words, so the next (stream-ordered) launch starts from tile 0 with no host-side reset.
-        done = tl.atomic_add(counter_ptr + 1, 1)
-        if done == num_programs - 1:
-            tl.atomic_xchg(counter_ptr, 0)
-            tl.atomic_xchg(counter_ptr + 1, 0)
 
 
 def _decorated(fn, namespace: dict, **jit_options):
@@ -506,12 +504,12 @@ def _limits_for(device: torch.device) -> tuple[int, int]:
 
 
 def _tile_counter(device: torch.device) -> torch.Tensor:
-    """The DYNAMIC scheduler's [next tile, programs done] counter, zeroed for every launch. Inside a CUDA graph the
+    """The DYNAMIC scheduler's next-tile counter, zeroed for every launch. Inside a CUDA graph the
     zeroing is the graph's own memset node, so no state outlives a replay: graphs may share a memory pool with any
     other graphs and replay in any order (a per-stream counter made inside a capture lay in pool memory that
     another graph reused as scratch, and its replays then skipped tiles; tests/test_graph_pools.py), and launches
     on concurrent streams never share a counter."""
-    return torch.zeros(2, dtype=torch.int32, device=device)
+    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def _check_int32(name: str, t: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> None:
@@ -583,7 +581,12 @@ def _launch(
     device = a.device
     if w.device != device:
         raise ValueError(f"{w_name}: expected device {device}, got {w.device}")
+    for name, t in ((b_name, bias), ("row_scale", row_scale), ("a_rows", a_rows), ("out", out)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(t).__name__}")
     num_experts, w_rows, k_dim = w.shape
+    if min(w.shape) < 1:
+        raise ValueError(f"{w_name}: expected [E, N, K] with every size >= 1, got shape {list(w.shape)}")
     if a.shape[1] != k_dim:
         raise ValueError(f"a: expected {k_dim} columns (K of {w_name}), got {a.shape[1]}")
     if stage is GemmStage.GEMM1:
@@ -592,7 +595,9 @@ def _launch(
         n_dim = w_rows // 2
     else:
         n_dim = w_rows
-    tile_heights = tuple(int(h) for h in tile_heights)
+    tile_heights = tuple(tile_heights)
+    if not tile_heights or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in tile_heights):
+        raise ValueError(f"tile_heights: expected the dispatch's tile heights (ints >= 1), got {tile_heights!r}")
     _check_int32("row_offsets", row_offsets, (num_experts + 1,), device)
     _check_int32("counts", counts, (num_experts,), device)
     _check_int32("tile_offsets", tile_offsets, (len(tile_heights), num_experts + 1), device)
@@ -614,12 +619,16 @@ def _launch(
         if row_scale.shape != (max_rows,) or row_scale.device != device or not row_scale.is_floating_point():
             raise ValueError(f"row_scale: expected float [{max_rows}] on {device}, got "
                              f"{row_scale.dtype} {list(row_scale.shape)} on {row_scale.device}")
+        if not row_scale.is_contiguous():
+            raise ValueError("row_scale: expected a contiguous tensor (the kernel reads it with stride 1)")
     if out is None:
         out = torch.empty(max_rows, n_dim, dtype=a.dtype, device=device)
     elif out.shape != (max_rows, n_dim) or out.dtype != a.dtype or out.device != device:
         raise ValueError(f"out: expected {a.dtype} [{max_rows}, {n_dim}] on {device}, got "
                          f"{out.dtype} {list(out.shape)} on {out.device}")
 
+    if config is not None and not isinstance(config, TritonGemmConfig):
+        raise TypeError(f"config: expected a TritonGemmConfig or None, got {type(config).__name__}")
     num_sms, smem = _limits_for(device)
     config_given = config
     if config is None:

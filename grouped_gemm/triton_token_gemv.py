@@ -160,6 +160,10 @@ def can_implement(config: TokenGemvConfig, problem: TokenGemvProblem) -> tuple[b
         return False, f"dtype {problem.dtype} not in {_SUPPORTED_DTYPES}"
     if not 1 <= problem.top_k <= MAX_TOP_K:
         return False, f"top_k {problem.top_k} outside 1..{MAX_TOP_K}"
+    for name in ("block_j", "block_n", "block_k", "num_warps"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return False, f"{name}: expected an int, got {value!r}"
     for name in ("block_j", "block_n", "block_k"):
         if not _is_pow2(getattr(config, name)):
             return False, f"{name} {getattr(config, name)} is not a power of two"
@@ -433,6 +437,8 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
         _require("expert_map", expert_map, 1, (torch.int32, torch.int64), device)
         if not expert_map.is_contiguous():
             raise ValueError("expert_map: expected a contiguous tensor")
+        if expert_map.numel() == 0:
+            raise ValueError("expert_map: expected at least one entry (global expert id -> local id or -1)")
     if out is None:
         out = torch.empty(out_shape, dtype=out_dtype, device=device)
     else:
@@ -514,8 +520,10 @@ def token_gemv2_combine(
     a2 [T * k, I] (token_gemv1's output); w2 [E, H, I]; topk_weights [T, k] fp32 or None (router weight on
     the input: already applied); out_dtype: a2's dtype unless given.
     """
+    if not isinstance(a2, torch.Tensor):
+        raise TypeError(f"a2: expected a torch.Tensor, got {type(a2).__name__}")
     if out_dtype is None:
-        out_dtype = a2.dtype if isinstance(a2, torch.Tensor) else None
+        out_dtype = a2.dtype
     if out_dtype not in _SUPPORTED_DTYPES:
         raise TypeError(f"out_dtype: expected one of {_SUPPORTED_DTYPES}, got {out_dtype}")
     return _launch(GemmStage.GEMM2, a2, topk_ids, w2, None, b2, topk_weights, expert_map, out, config,

@@ -885,7 +885,7 @@ class MoELayer:
                 topk_weights, topk_ids = _router_api().route(
                     router_logits, self.config.routing, self.e_score_correction_bias, backend=_triton_router_backend())
             topk_weights = topk_weights.to(torch.float32).contiguous()
-            topk_ids = topk_ids.to(torch.int32).contiguous()
+            topk_ids = _router_api().int32_ids(topk_ids)
             return _forward_triton_tokens(self, hidden, topk_weights, topk_ids)
         disp = None
         if self.backend is Backend.TORCH:
@@ -894,7 +894,8 @@ class MoELayer:
         elif topk_ids is None:
             topk_weights, topk_ids, disp = _route_dispatch_gpu(self, router_logits)
         topk_weights = topk_weights.to(torch.float32).contiguous()
-        topk_ids = topk_ids.to(torch.int32).contiguous()
+        topk_ids = topk_ids.to(torch.int32).contiguous() if self.backend is Backend.TORCH else \
+            _router_api().int32_ids(topk_ids)
         if disp is None and self.backend is not Backend.TORCH:
             disp = _dispatch_gpu(self, topk_ids)
         return _FORWARD[backend](self, hidden, topk_weights, topk_ids, disp)

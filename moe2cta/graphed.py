@@ -274,6 +274,8 @@ class GraphedMoELayer:
             static_rows = buffer[:num_tokens]
             if (source.data_ptr(), source.dtype, source.stride()) != (static_rows.data_ptr(), static_rows.dtype,
                                                                        static_rows.stride()):
+                if static_rows.dtype == torch.int32 and source.dtype == torch.int64:  # ids past int32: off-rank
+                    source = source.clamp(-1, 2**31 - 1)
                 static_rows.copy_(source)  # (a view from static_inputs() is in place already)
         # rows num_tokens..size-1 must hold padding: zero rows only where an earlier call wrote, token 0's always
         start, end, self._dirty_rows = padding_rows(num_tokens, size, self._dirty_rows)

@@ -66,12 +66,7 @@ class GatherPadding(enum.Enum):
 
     @classmethod
     def parse(cls, value) -> "GatherPadding":
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"padding: expected one of {[m.value for m in cls]}, got {value!r}") from None
+        return parse_enum(cls, value, "padding")
 
 
 @functools.cache
@@ -171,6 +166,8 @@ def _route_checked(logits, config, e_score_correction_bias, resolved: RouterBack
     if resolved is RouterBackend.TORCH:
         return route_reference(logits, config, e_score_correction_bias)
     slots = logits.shape[0] * config.top_k
+    if e_score_correction_bias is not None:
+        e_score_correction_bias = e_score_correction_bias.contiguous()  # the kernel reads it with stride 1
     return _kernel_module("routing_triton").launch_route(
         logits, config, e_score_correction_bias, launch_options=_dependent_launch(logits.device, slots))
 
@@ -217,11 +214,15 @@ def _check_dispatch_static(num_experts, align, tile_heights, expert_map, device)
         raise ValueError(f"num_experts: expected an int >= 1, got {num_experts!r}")
     if not isinstance(align, int) or isinstance(align, bool) or align < 1:
         raise ValueError(f"align: expected an int >= 1, got {align!r}")
+    if not isinstance(tile_heights, (tuple, list)):
+        raise TypeError(f"tile_heights: expected a tuple of ints >= 1, got {tile_heights!r}")
     heights = tuple(tile_heights)
     if any((not isinstance(h, int)) or isinstance(h, bool) or h < 1 for h in heights):
         raise ValueError(f"tile_heights: expected ints >= 1, got {tile_heights!r}")
     if expert_map is not None:
         _check_tensor("expert_map", expert_map, 1, (torch.int32, torch.int64))
+        if expert_map.numel() == 0:
+            raise ValueError("expert_map: expected at least one entry (global expert id -> local id or -1)")
         if expert_map.device != device:
             raise ValueError(f"expert_map: expected device {device}, got {expert_map.device}")
     return heights
@@ -320,7 +321,7 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, align: int = 128,
     """topk_ids [T, k] (global expert ids) -> Dispatch over num_experts local experts (docs/design.md).
 
     Ids outside [0, num_experts) (or mapped to -1 by expert_map [E_global]) are off-rank: slot_rows -1.
-    scheme / block_slots: TRITON only (block_slots: slots per program of MULTI_BLOCK; default 256, 1024
+    scheme / block_slots: TRITON only (block_slots: slots per program of MULTI_BLOCK; default 256, 512
     past 32K slots).
     """
     heights = _check_dispatch_args(topk_ids, num_experts, align, tile_heights, expert_map)
@@ -329,18 +330,23 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, align: int = 128,
                              block_slots)
 
 
+def int32_ids(ids: torch.Tensor) -> torch.Tensor:
+    """Expert ids (or expert_map entries) as the contiguous int32 the kernels read. int64 values outside int32's
+    range are clamped to -1 / 2**31 - 1, so they stay off-rank (outside [0, E)) instead of wrapping onto an expert."""
+    if ids.dtype != torch.int32:
+        ids = ids.clamp(-1, 2**31 - 1).to(torch.int32)
+    return ids.contiguous()
+
+
 def _dispatch_checked(topk_ids, num_experts, align, heights, expert_map, resolved: RouterBackend,
                       scheme: DispatchScheme = DispatchScheme.AUTO, block_slots=None) -> Dispatch:
     if resolved is RouterBackend.TORCH:
         return dispatch_reference(topk_ids, num_experts, align=align, tile_heights=heights, expert_map=expert_map)
     num_tokens, top_k = topk_ids.shape
     base_meta, offset_meta = _dispatch_static_meta(num_experts, align, heights, expert_map)
-    ids_flat = topk_ids.reshape(-1)
-    if ids_flat.dtype != torch.int32:
-        ids_flat = ids_flat.to(torch.int32)
-    ids_flat = ids_flat.contiguous()
-    if expert_map is not None and expert_map.dtype != torch.int32:
-        expert_map = expert_map.to(torch.int32)
+    ids_flat = int32_ids(topk_ids.reshape(-1))
+    if expert_map is not None:
+        expert_map = int32_ids(expert_map)
     bufs = _dispatch_buffers(num_tokens, top_k, num_experts, align, heights, topk_ids.device)
     _launch_dispatch(ids_flat, num_tokens * top_k, bufs[4].numel(), expert_map, bufs, base_meta, offset_meta,
                      scheme, block_slots)
@@ -378,8 +384,10 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
         logits = logits.contiguous()
     route_meta = _fused_route_meta(config, logits.shape[1], e_score_correction_bias is not None, logits.is_cuda)
     base_meta, offset_meta = _dispatch_static_meta(num_experts, align, heights, expert_map)
-    if expert_map is not None and expert_map.dtype != torch.int32:
-        expert_map = expert_map.to(torch.int32)
+    if expert_map is not None:
+        expert_map = int32_ids(expert_map)
+    if e_score_correction_bias is not None:
+        e_score_correction_bias = e_score_correction_bias.contiguous()  # the kernel reads it with stride 1
     top_k = config.top_k
     weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=logits.device)
@@ -405,6 +413,11 @@ def _check_dispatch(disp):
         raise TypeError(f"disp: expected a Dispatch, got {type(disp).__name__}")
 
 
+def _check_count(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+
+
 def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor | None = None,
            out: torch.Tensor | None = None, backend: RouterBackend | str = RouterBackend.AUTO,
            slot_weights: torch.Tensor | None = None, row_weights_out: torch.Tensor | None = None,
@@ -419,6 +432,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     row scale), in the same launch; its padding rows are left as they are."""
     _check_tensor("hidden", hidden, 2, _ACT_DTYPES)
     _check_dispatch(disp)
+    _check_count("top_k", top_k, 1)
     num_tokens, hidden_size = hidden.shape
     if disp.slot_rows.numel() != num_tokens * top_k:
         raise ValueError(f"disp: slot_rows has {disp.slot_rows.numel()} slots, expected T*k = {num_tokens * top_k}")
@@ -460,6 +474,8 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     if out is None:
         out = torch.empty(max_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
     num_slots = num_tokens * top_k
+    if num_slots and hidden_size == 0 and slot_weights is not None:  # no row to copy; the row weights still
+        scatter_row_weights(slot_weights, disp, row_weights_out, RouterBackend.TRITON)
     if num_slots == 0 or hidden_size == 0:
         return out
     block_h, num_warps = permute.permute_launch_params(hidden_size, hidden.element_size())
@@ -516,6 +532,8 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
     """out[t] = sum_j w[t, j] * y[slot_rows[t*k + j]], j in order, fp32 accumulation; rows -1 add nothing."""
     _check_tensor("y", y, 2, _ACT_DTYPES)
     _check_dispatch(disp)
+    _check_count("num_tokens", num_tokens, 0)
+    _check_count("top_k", top_k, 1)
     if disp.slot_rows.numel() != num_tokens * top_k:
         raise ValueError(f"disp: slot_rows has {disp.slot_rows.numel()} slots, expected T*k = {num_tokens * top_k}")
     max_rows = disp.sorted_slots.numel()

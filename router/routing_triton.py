@@ -343,6 +343,8 @@ def route_token_block(
                         best2 = tl.max(tl.where(c == best1[:, None], _TAKEN, c), axis=1)
                         score = _unpack_key(best1) + _unpack_key(best2)
                         group_scores = tl.where(gcols[None, :] == g, score[:, None], group_scores)
+                # inf + -inf (an infinite correction bias) is NaN: such a group ranks last, as in the twin
+                group_scores = tl.where(group_scores != group_scores, neg_inf, group_scores)
                 group_taken = tl.zeros([BLOCK_T, BLOCK_G], tl.int1) | (gcols >= NUM_GROUPS)[None, :]
                 keep = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
                 for _ in range(TOPK_GROUP):

@@ -178,16 +178,20 @@ def test_gather_combine_gpu(num_tokens):
 
 @pytest.mark.parametrize("num_tokens", [4, 4096])
 def test_cuda_graph_replay_with_new_routing(num_tokens):
-    """Capture route + dispatch + gather + combine once; replay after the logits change; no host sync."""
+    """Capture route + dispatch + gather + combine once; replay after the logits change; no host sync. The weights
+    are checked themselves, and each row of the stand-in for the expert GEMMs has its own factor, so a token's k rows
+    differ and the combine's output depends on every weight (with equal rows, renormalized weights sum to 1)."""
     num_experts, hidden_size = 128, 256
     config = RoutingConfig(top_k=8)
     logits = torch.randn(num_tokens, num_experts, device="cuda").to(torch.bfloat16)
     hidden = torch.randn(num_tokens, hidden_size, device="cuda").to(torch.bfloat16)
+    rows = route_dispatch(logits, config, backend=TRITON)[2].sorted_slots.shape[0]  # static: T, k and E fix it
+    factors = (0.5 + torch.rand(rows, 1, device="cuda")).to(torch.bfloat16)
 
     def step():
         weights, ids, disp = route_dispatch(logits, config, backend=TRITON)
         a1 = gather(hidden, disp, config.top_k, backend=TRITON)
-        y = a1 * 2  # stand-in for the expert GEMMs (padding rows are garbage; combine never reads them)
+        y = a1 * factors  # stand-in for the expert GEMMs (padding rows are garbage; combine never reads them)
         return weights, ids, disp, combine(y, disp, weights, num_tokens, config.top_k, backend=TRITON)
 
     step()  # compile outside the capture
@@ -209,9 +213,10 @@ def test_cuda_graph_replay_with_new_routing(num_tokens):
         torch.cuda.synchronize()
         rw, ri = route_reference(logits, config)
         assert torch.equal(ids, ri)
+        torch.testing.assert_close(weights, rw, rtol=1e-6, atol=0)
         want = dispatch_reference(ri, num_experts)
         assert_dispatch_equal(disp, want)
-        ref = combine_reference(gather_reference(hidden, want, 8) * 2, want, rw, num_tokens, 8)
+        ref = combine_reference(gather_reference(hidden, want, 8) * factors, want, rw, num_tokens, 8)
         torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
 
 

@@ -544,3 +544,85 @@ def test_next_pow2():
     from moe2cta.router.config import next_pow2
 
     assert [next_pow2(n) for n in (0, 1, 2, 3, 4, 5, 16, 17, 1000, 1024, 1025)] == [1, 1, 2, 4, 4, 8, 16, 32, 1024, 1024, 2048]
+
+
+# ------------------------------------------------------------------ strided inputs, wide ids, degenerate sizes
+def test_strided_correction_bias_and_expert_map_are_read_by_their_strides():
+    """A non-contiguous e_score_correction_bias or int32 expert_map (a view with stride 2) routes and dispatches like
+    its contiguous copy, in route, dispatch and the fused route_dispatch (the kernels read them with stride 1)."""
+    gen = torch.Generator().manual_seed(31)
+    config = RoutingConfig(top_k=2, scoring="sigmoid_grouped", num_expert_group=4, topk_group=2)
+    logits = torch.randn(5, 8, generator=gen).to(DEVICE)
+    wide = torch.randn(16, generator=gen).to(DEVICE)
+    wide[1::2] = 50.0  # what a stride-1 read of the view would take
+    bias = wide[::2]
+    assert not bias.is_contiguous()
+    assert_route_equal(route(logits, config, bias, backend=TRITON), route_reference(logits, config, bias.contiguous()))
+    weights, ids, _ = route_dispatch(logits, config, e_score_correction_bias=bias, backend=TRITON)
+    assert_route_equal((weights, ids), route_reference(logits, config, bias.contiguous()))
+    big = torch.full((16,), -1, dtype=torch.int32, device=DEVICE)
+    big[::2] = torch.arange(8, device=DEVICE, dtype=torch.int32) % 4
+    expert_map = big[::2]
+    ids = torch.tensor([[0, 1], [2, 3], [5, 6]], dtype=torch.int32, device=DEVICE)
+    for scheme in (DispatchScheme.SINGLE_PROGRAM, DispatchScheme.MULTI_BLOCK):
+        assert_dispatch_equal(dispatch(ids, 4, align=1, expert_map=expert_map, backend=TRITON, scheme=scheme),
+                              dispatch_reference(ids, 4, align=1, expert_map=expert_map.contiguous()))
+    _, _, disp = route_dispatch(logits, config, 4, align=1, expert_map=expert_map, backend=TRITON)
+    _, ref_ids = route_reference(logits, config)
+    assert_dispatch_equal(disp, dispatch_reference(ref_ids, 4, align=1, expert_map=expert_map.contiguous()))
+
+
+def test_int64_ids_and_map_values_past_int32_stay_off_rank():
+    """int64 ids or map entries beyond int32's range are off-rank (slot_rows -1) as in the torch twin; narrowing them
+    to the kernels' int32 must not wrap them onto an expert (2**32 + 1 -> 1)."""
+    ids = torch.tensor([[1, 2**32 + 1], [-2**40, 3]], dtype=torch.int64, device=DEVICE)
+    want = dispatch_reference(ids, 4, align=1)
+    assert_dispatch_equal(dispatch(ids, 4, align=1, backend=TRITON), want)
+    assert want.slot_rows.tolist() == [0, -1, -1, 1]
+    expert_map = torch.tensor([0, 2**32 + 1, 1, -2**33], dtype=torch.int64, device=DEVICE)
+    ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE)
+    want = dispatch_reference(ids, 4, align=1, expert_map=expert_map)
+    assert_dispatch_equal(dispatch(ids, 4, align=1, expert_map=expert_map, backend=TRITON), want)
+    assert want.slot_rows.tolist() == [0, -1, 1, -1]
+    from moe2cta.router.api import int32_ids  # what the layer narrows int64 ids with
+
+    narrowed = int32_ids(torch.tensor([2**32 + 1, -2**40, 3, -1]))
+    assert narrowed.dtype == torch.int32 and narrowed.tolist() == [2**31 - 1, -1, 3, -1]
+
+
+def test_infinite_correction_bias_ranks_its_groups_last():
+    """A bias of +inf and -inf in one group makes its score NaN (inf + -inf); the group ranks last, in the kernel
+    (both group reductions) as in the twin, instead of no group being kept."""
+    from moe2cta.router.routing_triton import route_variant
+
+    config = RoutingConfig(top_k=3, scoring="sigmoid_grouped", num_expert_group=4, topk_group=4)
+    logits = torch.randn(4, 8, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    bias = torch.tensor([float("inf"), float("-inf")] * 4, device=DEVICE)
+    want = route_reference(logits, config, bias)
+    for group_reduce in ("auto", "per_group"):
+        assert_route_equal(route_variant(logits, config, bias, group_reduce=group_reduce), want)
+
+
+def test_gather_and_combine_check_their_sizes_and_degenerate_rows():
+    """num_tokens / top_k must be ints (named in the error); an empty expert_map is refused in both backends; with
+    H = 0 the gather still writes the row weights."""
+    ids = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32, device=DEVICE)
+    disp = dispatch(ids, 4, align=4, backend=TRITON)
+    y = torch.randn(disp.sorted_slots.numel(), 8, device=DEVICE)
+    for backend in (TRITON, RouterBackend.TORCH):
+        for num_tokens, top_k, name in ((2.0, 2, "num_tokens"), (-2, -2, "num_tokens"), (2, 0, "top_k")):
+            with pytest.raises(ValueError, match=f"^{name}: expected an int"):
+                combine(y, disp, None, num_tokens, top_k, backend=backend)
+        with pytest.raises(ValueError, match="^top_k: expected an int"):
+            gather(torch.randn(2, 8, device=DEVICE), disp, 2.0, backend=backend)
+        with pytest.raises(ValueError, match="^expert_map: expected at least one entry"):
+            dispatch(ids, 4, expert_map=torch.empty(0, dtype=torch.int32, device=DEVICE), backend=backend)
+        with pytest.raises(TypeError, match="^tile_heights: expected a tuple"):
+            dispatch(ids, 4, tile_heights=16, backend=backend)
+        weights = torch.rand(2, 2, device=DEVICE)
+        rows = torch.full((disp.sorted_slots.numel(),), -5.0, device=DEVICE)
+        gather(torch.empty(2, 0, device=DEVICE), disp, 2, backend=backend, slot_weights=weights, row_weights_out=rows)
+        valid = disp.slot_rows.long()
+        assert torch.equal(rows[valid], weights.reshape(-1))
+    from moe2cta.router.api import GatherPadding
+    assert GatherPadding.parse("TOKEN_ROW") is GatherPadding.TOKEN_ROW

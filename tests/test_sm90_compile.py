@@ -3,9 +3,10 @@ layer's limits and the policies: tests/test_sm90_config.py; the limits of the to
 ping-pong kernels stay beside their compile tests here).
 
 No GPU needed. The compile tests need nvidia-cutlass-dsl (skipped with a reason otherwise): one small
-kernel per epilogue / work unit / scheduler, and the default GEMM1 of every model preset, each checked
-for wgmma.mma_async, TMA loads (cp.async.bulk.tensor, .multicast::cluster for pair units), mbarrier
-waits and TMA stores; one is exported as a bundle entry (shared library + PTX + manifest).
+kernel per epilogue / work unit / scheduler, and every kernel of every model preset's bundle at its real size,
+each checked for wgmma.mma_async, TMA loads (cp.async.bulk.tensor, .multicast::cluster for pair units), mbarrier
+waits and TMA stores (or its kind's loads and stores); one is exported as a bundle entry (shared library + PTX +
+manifest).
 """
 from __future__ import annotations
 
@@ -280,21 +281,36 @@ def test_activation_under_next_mainloop_computes_inside_the_k_loop():
 
 @NEEDS_DSL
 @pytest.mark.parametrize("model", sorted(PRESETS))
-def test_compile_preset_kernels(model):
-    """Each preset's PAIR GEMM1 (multicast B), its prefill defaults (GROUPED_M, DYNAMIC) of both GEMMs, and GEMM1's
-    prefill default reading the token rows (what the layer runs)."""
+def test_compile_every_preset_kernel(model):
+    """Every kernel a preset's bundle holds (s90.preset_configs: what `moe2cta aot build --model` compiles), at its
+    real size, with the PTX checks of its kind: the regular kernels (wgmma, TMA loads of A and of the weight tile,
+    .multicast::cluster exactly for PAIR units, mbarrier waits, the TMA store, the work counter's atomics exactly
+    for DYNAMIC), the decode kernels (weights as wgmma M), the wide tiles and the kernels reading the token rows."""
     configs = s90.preset_configs(PRESETS[model])
-    pair = [(c, p) for c, p in configs if c.work_unit is WorkUnit.PAIR and p.kind is G1]
+    kinds = {"pair": 0, "regular": 0, "swapped": 0, "wide": 0, "token_rows": 0}
+    for config, problem in configs:
+        ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
+        name = s90.kernel_key(config, problem).file_stem()
+        try:
+            if config.a_source is s90.ASource.TOKEN_ROWS:
+                _check_token_rows_ptx(ptx, config)
+                kinds["token_rows"] += 1
+            elif config.wide:
+                _check_wide_ptx(ptx, config)
+                kinds["wide"] += 1
+            elif config.operands is s90.Operands.WEIGHTS_AS_M:
+                _check_swapped_ptx(ptx, config)
+                kinds["swapped"] += 1
+            else:
+                pair = config.work_unit is WorkUnit.PAIR
+                _check_ptx(ptx, multicast=pair, dynamic=config.scheduler is not s90.Scheduler.STATIC)
+                kinds["pair" if pair else "regular"] += 1
+        except AssertionError as error:
+            raise AssertionError(f"{name}: {error}") from error
+    # what the layer runs at prefill is among them: each GEMM's GROUPED_M default, a PAIR GEMM1, GEMM1 on the token rows
+    assert kinds["pair"] >= 1 and kinds["token_rows"] >= 1 and kinds["swapped"] >= 1, kinds
     prefill = [(c, p) for c, p in configs if c.raster is s90.Raster.GROUPED_M]
-    copy = [(c, p) for c, p in prefill if c.a_source is s90.ASource.EXPERT_ORDER_COPY]
-    token_rows = [(c, p) for c, p in prefill if c.a_source is s90.ASource.TOKEN_ROWS]
-    assert len(pair) == 1 and len(copy) == 2 and [p.kind for _, p in token_rows] == [G1]
-    for config, problem in pair + copy:
-        compiled = s90.compile_kernel(config, problem, keep_ptx=True)
-        _check_ptx(compiled.__ptx__, multicast=config.work_unit is WorkUnit.PAIR,
-                   dynamic=config.scheduler is s90.Scheduler.DYNAMIC)
-    for config, problem in token_rows:
-        _check_token_rows_ptx(s90.compile_kernel(config, problem, keep_ptx=True).__ptx__, config)
+    assert {p.kind for c, p in prefill if c.a_source is s90.ASource.EXPERT_ORDER_COPY} == {G1, G2}
 
 
 @NEEDS_DSL
@@ -341,6 +357,13 @@ def test_compile_swapped_and_check_ptx(name, config, problem, tmp_path):
     """Weights are wgmma's A (M = 64 per instruction), tokens its B (N = tile_m); stores from registers."""
     assert config.operands is s90.Operands.WEIGHTS_AS_M
     ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
+    _check_swapped_ptx(ptx, config)
+    if _ptxas() is not None:  # the mainloop fences each K tile itself: ptxas inserts no fence (C7519), serializes nothing
+        report = _ptxas_report(ptx, tmp_path)
+        assert "C7520" not in report and "C7519" not in report, report
+
+
+def _check_swapped_ptx(ptx: str, config):
     assert ".target sm_90a" in ptx
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
     assert shapes == {f"m64n{config.tile_m}k16"}
@@ -351,9 +374,6 @@ def test_compile_swapped_and_check_ptx(name, config, problem, tmp_path):
     assert "cp.async.bulk.tensor.2d.global.shared::cta" not in ptx and "st.global" in ptx  # register stores
     assert ("atom.global" in ptx or "red.global" in ptx) == (config.scheduler is s90.Scheduler.DYNAMIC)
     assert "shfl.sync.up" in ptx  # the per-CTA prefix sum of token tiles
-    if _ptxas() is not None:  # the mainloop fences each K tile itself: ptxas inserts no fence (C7519), serializes nothing
-        report = _ptxas_report(ptx, tmp_path)
-        assert "C7520" not in report and "C7519" not in report, report
 
 
 def test_token_rows_limits_and_key():
@@ -550,18 +570,7 @@ def test_compile_wide_and_check_ptx(name, config, problem, tmp_path):
     count), an SMEM-staged epilogue; ptxas keeps the wgmma pipelined in every branch and spills nothing."""
     assert config.wide
     ptx = s90.compile_kernel(config, problem, keep_ptx=True).__ptx__
-    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
-    step = config.token_step or config.tile_m
-    # one wgmma N per size; a tile above 256 rows multiplies a size above its half as half + the rest
-    half = config.tile_m // 2 if config.tile_m > s90.WGMMA_MAX_N else config.tile_m
-    sizes = {n if n <= half else m for n in range(step, config.tile_m + 1, step) for m in (half, n - half)}
-    assert shapes == {f"m64n{n}k16" for n in sizes if n > 0}
-    assert "cp.async.bulk.tensor.2d.shared::cta.global" in ptx and "cp.async.bulk.tensor.3d.shared::cta.global" in ptx
-    assert re.search(r"mbarrier\.arrive\.expect_tx\.shared(::cta)?\.b64\s+\S+, \[%r\d+\], %r\d+;", ptx)
-    assert "multicast::cluster" not in ptx
-    # epilogue: stmatrix.trans into the SMEM staging tile, 16-byte row stores to global memory
-    assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and "st.global.v4.b32" in ptx
-    assert ("atom.global" in ptx or "red.global" in ptx) == (config.scheduler is s90.Scheduler.DYNAMIC)
+    _check_wide_ptx(ptx, config)
     if _ptxas() is not None:
         report = _ptxas_report(ptx, tmp_path)
         # C7511: serialized for want of registers (it did with one wgmma across a 288-row tile's two halves)
@@ -574,6 +583,21 @@ def test_compile_wide_and_check_ptx(name, config, problem, tmp_path):
                                   keep_ptx=True).__ptx__
         divisions = [len(re.findall(r"\bdiv\.(?:s|u)32\b", text)) for text in (fill, ptx)]
         assert divisions[1] > divisions[0], divisions
+
+
+def _check_wide_ptx(ptx: str, config):
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))
+    step = config.token_step or config.tile_m
+    # one wgmma N per size; a tile above 256 rows multiplies a size above its half as half + the rest
+    half = config.tile_m // 2 if config.tile_m > s90.WGMMA_MAX_N else config.tile_m
+    sizes = {n if n <= half else m for n in range(step, config.tile_m + 1, step) for m in (half, n - half)}
+    assert shapes == {f"m64n{n}k16" for n in sizes if n > 0}
+    assert "cp.async.bulk.tensor.2d.shared::cta.global" in ptx and "cp.async.bulk.tensor.3d.shared::cta.global" in ptx
+    assert re.search(r"mbarrier\.arrive\.expect_tx\.shared(::cta)?\.b64\s+\S+, \[%r\d+\], %r\d+;", ptx)
+    assert "multicast::cluster" not in ptx
+    # epilogue: stmatrix.trans into the SMEM staging tile, 16-byte row stores to global memory
+    assert "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and "st.global.v4.b32" in ptx
+    assert ("atom.global" in ptx or "red.global" in ptx) == (config.scheduler is s90.Scheduler.DYNAMIC)
 
 
 def test_pingpong_limits():

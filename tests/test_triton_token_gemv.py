@@ -390,3 +390,32 @@ def test_layer_token_path_in_a_replayed_graph_gpu():
         weights, ids = route(new_logits, routing, backend="torch")
         want = moe_reference(h, w13, w2, weights, ids, dtype=torch.float64)
         assert rel_err(static_out, want) <= bound
+
+
+@pytest.mark.parametrize("layout", list(W13Layout))
+def test_swiglu_oai_clamp_and_nan_cpu(interpret, layout):
+    """gpt-oss's clamp (gate <= 7, |up| <= 7) where most gate / up values are past it (biases of scale 12), and a NaN
+    in a token row giving NaN in that token's slots and output for every activation (as the twin and torch.clamp do;
+    Triton's default minimum / maximum would return the other operand)."""
+    c = make_case(3, 2, 5, 64, 32, torch.float32, bias=True, seed=4)
+    c["b13"] = c["b13"] * 40.0  # scale 0.3 -> 12
+    gate_up = torch.einsum("th,eih->tei", c["hidden"].double(), c["w13"].double()) + c["b13"].double()[None]
+    assert (gate_up.abs() > 7).double().mean() > 0.5  # the clamp is exercised
+    a2, out = run_both(c, Activation.SWIGLU_OAI, layout, config1=SMALL1, config2=SMALL2)
+    check(c, a2, out, Activation.SWIGLU_OAI)
+    c["hidden"][1, 5] = float("nan")
+    for activation in Activation:
+        a2, out = run_both(c, activation, layout, config1=SMALL1, config2=SMALL2)
+        token = torch.arange(a2.shape[0]) // 2
+        assert torch.isnan(a2[token == 1]).all() and torch.isfinite(a2[token != 1]).all(), activation
+        assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all(), activation
+
+
+def test_empty_expert_map_and_untyped_inputs_are_refused(interpret):
+    c = make_case(2, 2, 4, 32, 16, torch.float32)
+    with pytest.raises(ValueError, match="^expert_map: expected at least one entry"):
+        tk.token_gemv1(c["hidden"], c["ids"], c["w13"], expert_map=torch.empty(0, dtype=torch.int32))
+    with pytest.raises(TypeError, match="^a2: expected a torch.Tensor"):
+        tk.token_gemv2_combine(None, c["ids"], c["w2"], c["weights"])
+    with pytest.raises(ValueError, match="^config: num_warps: expected an int"):
+        tk.token_gemv1(c["hidden"], c["ids"], c["w13"], config=tk.TokenGemvConfig(2, 8, 32, num_warps=4.0))
