@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["SIDE_MAP_OFFSET", "SIDE_MAP_ENTRIES", "set_side_map", "side_map", "clear_side_maps",
+__all__ = ["SIDE_MAP_OFFSET", "SIDE_MAP_ENTRIES", "device_key", "set_side_map", "side_map", "clear_side_maps",
            "workspace_words", "launch_workspace"]
 
 SIDE_MAP_OFFSET = 4  # cute_backend.SIDE_MAP_OFFSET (that module needs the DSL to import)
@@ -25,7 +25,9 @@ _MAPS: dict = {}  # (device type, index) -> int32 [SIDE_MAP_ENTRIES] on that dev
 _RETURNED: dict = {}  # (device type, index) -> every map set_side_map made for it
 
 
-def _key(device) -> tuple:
+def device_key(device) -> tuple:
+    """(type, index) of `device`, "cuda" without an index meaning the current CUDA device: the key of every
+    per-device table of the CuTe families, so that a device named either way finds the same entry."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -37,8 +39,8 @@ def set_side_map(device, sides: Sequence[int] | torch.Tensor) -> torch.Tensor:
     the device tensor that DYNAMIC_SIDES launches on that device read from now on (a new tensor each call: CUDA
     graphs captured earlier keep reading the map they were captured with). A tensor this function returned for the
     device is installed again as it is (no copy, no check: allowed while a CUDA graph is captured)."""
-    if isinstance(sides, torch.Tensor) and any(sides is t for t in _RETURNED.get(_key(device), ())):
-        _MAPS[_key(device)] = sides
+    if isinstance(sides, torch.Tensor) and any(sides is t for t in _RETURNED.get(device_key(device), ())):
+        _MAPS[device_key(device)] = sides
         return sides
     values = torch.as_tensor(sides, dtype=torch.int64).flatten().cpu()
     if values.numel() > SIDE_MAP_ENTRIES:
@@ -47,15 +49,15 @@ def set_side_map(device, sides: Sequence[int] | torch.Tensor) -> torch.Tensor:
         raise ValueError(f"sides: expected 0 or 1 per SM id, got {sorted(set(values.tolist()))}")
     full = torch.zeros(SIDE_MAP_ENTRIES, dtype=torch.int32)
     full[: values.numel()] = values.to(torch.int32)
-    tensor = full.to(torch.device(*_key(device)))
-    _MAPS[_key(device)] = tensor
-    _RETURNED.setdefault(_key(device), []).append(tensor)
+    tensor = full.to(torch.device(*device_key(device)))
+    _MAPS[device_key(device)] = tensor
+    _RETURNED.setdefault(device_key(device), []).append(tensor)
     return tensor
 
 
 def side_map(device) -> torch.Tensor:
     """The map DYNAMIC_SIDES launches on `device` read (zeros, the DYNAMIC order, where none was set)."""
-    key = _key(device)
+    key = device_key(device)
     if key not in _MAPS:
         _MAPS[key] = torch.zeros(SIDE_MAP_ENTRIES, dtype=torch.int32, device=torch.device(device))
     return _MAPS[key]

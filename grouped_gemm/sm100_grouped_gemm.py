@@ -3,7 +3,7 @@
 Problem (docs/design.md): for every local expert e, rows [row_offsets[e], row_offsets[e] + counts[e]) of
 A [max_rows, K] (K-major, padded expert order) times B[e] [N, K] (K-major), fp32 accumulation, fused
 epilogue, output C [max_rows, N_out] in A's dtype. GEMM1 (gated, N = 2I on the packed w13 of
-cute_backend.prepack_w13: 8 gate rows then the matching 8 up rows, repeated) writes act(gate, up) with
+sm90_grouped_gemm.prepack_w13: 8 gate rows then the matching 8 up rows, repeated) writes act(gate, up) with
 N_out = I; GEMM2 writes (acc + b2[e]) * row_scale[r]. One launch covers all experts; which tiles exist is
 decided on the device from row_offsets / counts (no host sync, CUDA-graph capturable).
 
@@ -77,7 +77,7 @@ from .epilogue import (
     parse_epilogue_name,
 )
 # one host-side epilogue operand layout for both CuTe families
-from .sm90_grouped_gemm import KernelBias, epilogue_operands, kernel_bias  # noqa: F401 (kernel_bias: the layer)
+from .sm90_grouped_gemm import KernelBias, check_out, epilogue_operands, kernel_bias  # noqa: F401 (kernel_bias: the layer)
 
 __all__ = [
     "Sm100Problem",
@@ -246,7 +246,7 @@ def _bookkeeping(stages: int, config: Sm100GemmConfig) -> int:
 def can_implement(config: Sm100GemmConfig, problem: Sm100Problem) -> tuple[bool, str]:
     """(True, "") when the kernel can run `problem` with `config`, else (False, reason)."""
     if not isinstance(config, Sm100GemmConfig):
-        return False, f"config: expected Sm100GemmConfig, got {type(config).__name__}"
+        return False, f"expected an Sm100GemmConfig, got {type(config).__name__}"
     if not isinstance(problem, Sm100Problem):
         return False, f"problem: expected Sm100Problem, got {type(problem).__name__}"
     c, p = config, problem
@@ -278,6 +278,10 @@ def can_implement(config: Sm100GemmConfig, problem: Sm100Problem) -> tuple[bool,
         return False, f"TMEM {use.tmem_columns} columns ({c.accumulator_slots} slots x {c.tile_n}) > 512"
     if c.accumulator_slots > 2:
         return False, f"accumulator_slots {c.accumulator_slots}: 1 or 2"
+    if c.unit is WorkUnit.PAIR and c.pair_threshold > 0:  # the experts below the threshold run on the SINGLE twin
+        ok, why = can_implement(c.single_fallback(), p)
+        if not ok:
+            return False, f"pair_threshold {c.pair_threshold}: the SINGLE launch of the smaller experts cannot run: {why}"
     return True, ""
 
 
@@ -956,6 +960,11 @@ def _check_inputs(a, w, row_offsets, counts, name_w: str) -> None:
     if not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32 or counts.shape != (num_experts,):
         raise TypeError(f"counts: expected int32 [{num_experts}], got {getattr(counts, 'dtype', None)} "
                         f"{tuple(getattr(counts, 'shape', ()))}")
+    if min(w.shape) < 1:
+        raise ValueError(f"{name_w}: expected [E, N, K] with every size >= 1, got {tuple(w.shape)}")
+    for name, t in ((name_w, w), ("row_offsets", row_offsets), ("counts", counts)):
+        if t.device != a.device:
+            raise ValueError(f"{name}: expected device {a.device} (a's), got {t.device}")
     if not (a.is_contiguous() and w.is_contiguous()):
         raise ValueError("a, w: expected contiguous (K-major) tensors")
     if a.data_ptr() % 16 or w.data_ptr() % 16:
@@ -971,9 +980,17 @@ def prepare_device(device) -> None:
     """Make the dummy that launches on `device` pass for an absent bias or row scale (never read), once per device.
     MoELayer calls this when it is built: a first launch inside a graph capture would otherwise make it in the
     capture's memory pool and keep it there (torch.compile's CUDA graph trees refuse that)."""
-    device = torch.device(device)
+    device = _device_key(device)
     if device not in _SCRATCH:
         _SCRATCH[device] = torch.zeros(1, dtype=torch.float32, device=device)
+
+
+def _device_key(device) -> torch.device:
+    """`device` with its index ("cuda" is the current device), so that prepare_device and the launches agree."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _launch(config, problem, a, w, out, row_offsets, counts, bias, row_scale):
@@ -983,6 +1000,8 @@ def _launch(config, problem, a, w, out, row_offsets, counts, bias, row_scale):
     if a.device not in _SCRATCH:
         prepare_device(a.device)
     dummy = _SCRATCH[a.device]
+    if a.shape[0] == 0:  # no rows: nothing to launch (a grid of 0 CTAs is not a valid launch)
+        return out
     launches = [(config, 0, NO_UPPER_BOUND)]
     if config.unit is WorkUnit.PAIR and config.pair_threshold > 0:
         launches = [(config, config.pair_threshold, NO_UPPER_BOUND),
@@ -1007,10 +1026,9 @@ def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: 
     config = config or default_config(problem, WorkUnit.PAIR, DEFAULT_PAIR_THRESHOLD)
     if out is None:
         out = torch.empty(a.shape[0], two_i // 2, dtype=a.dtype, device=a.device)
-    elif (out.shape != (a.shape[0], two_i // 2) or out.dtype != a.dtype or not out.is_contiguous()
-          or out.data_ptr() % 16):
-        raise TypeError(f"out: expected contiguous 16-byte aligned [{a.shape[0]}, {two_i // 2}] {a.dtype}, got {tuple(out.shape)} {out.dtype}")
-    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, a.shape[0], b13, None)
+    else:
+        check_out(out, a.shape[0], two_i // 2, a)
+    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, a.shape[0], b13, None, a.device)
     return _launch(config, problem, a, packed_w13, out, row_offsets, counts, bias, None)
 
 
@@ -1025,8 +1043,7 @@ def sm100_grouped_gemm2(a: torch.Tensor, w2: torch.Tensor, row_offsets: torch.Te
     config = config or default_config(problem, WorkUnit.PAIR, DEFAULT_PAIR_THRESHOLD)
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
-    elif (out.shape != (a.shape[0], hidden) or out.dtype != a.dtype or not out.is_contiguous()
-          or out.data_ptr() % 16):
-        raise TypeError(f"out: expected contiguous 16-byte aligned [{a.shape[0]}, {hidden}] {a.dtype}, got {tuple(out.shape)} {out.dtype}")
-    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale)
+    else:
+        check_out(out, a.shape[0], hidden, a)
+    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale, a.device)
     return _launch(config, problem, a, w2, out, row_offsets, counts, bias, row_scale)

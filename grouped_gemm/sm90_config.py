@@ -287,6 +287,14 @@ class Sm90GemmConfig:
     epilogue_store: EpilogueStore = EpilogueStore.AFTER_MAINLOOP
     dependent_launch: DependentLaunch = DependentLaunch.STREAM_ORDER
 
+    def __post_init__(self):
+        # ints only: 64.0 or True would hash and compare equal to 64 or 1, and the memoized can_implement /
+        # kernel_key would then serve one's answer for the other (values are can_implement's to judge)
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}: expected an int, got {value!r}")
+
     @property
     def wide(self) -> bool:
         """A WEIGHTS_AS_M configuration with a wide token tile (several consumer warpgroups, N per unit)."""
@@ -309,6 +317,12 @@ class Sm90GemmConfig:
                 and self.padding_rows not in (PaddingRows.FUSE_TAIL, PaddingRows.SPLIT_TAIL))
 
 
+_INT_FIELDS = ("tile_m", "tile_n", "tile_k", "stages", "pair_threshold", "raster_group_m", "token_step")
+_ENUM_FIELDS = (("work_unit", WorkUnit), ("scheduler", Scheduler), ("raster", Raster), ("consumers", Consumers),
+                ("operands", Operands), ("padding_rows", PaddingRows), ("expert_split", ExpertSplit),
+                ("a_source", ASource), ("epilogue_store", EpilogueStore), ("dependent_launch", DependentLaunch))
+
+
 @dataclasses.dataclass(frozen=True)
 class Sm90Problem:
     """Static facts of one grouped GEMM: n = weight rows (GEMM1: 2I), k = reduction length."""
@@ -321,6 +335,14 @@ class Sm90Problem:
     activation: Activation | None = None  # GEMM1 only
     has_bias: bool = False
     has_row_scale: bool = False  # GEMM2 only
+
+    def __post_init__(self):
+        if not isinstance(self.kind, GemmStage):
+            raise TypeError(f"kind: expected a GemmStage, got {self.kind!r}")
+        for name in ("n", "k", "num_experts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
 
     @property
     def out_n(self) -> int:
@@ -390,6 +412,12 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
     """(True, "") when this kernel can run `problem` with `config`, else (False, why)."""
     if not isinstance(config, Sm90GemmConfig):
         return False, f"config: expected Sm90GemmConfig, got {type(config).__name__}"
+    if not isinstance(problem, Sm90Problem):
+        return False, f"problem: expected Sm90Problem, got {type(problem).__name__}"
+    for name, kind in _ENUM_FIELDS:
+        if not isinstance(getattr(config, name), kind):
+            article = "an" if kind.__name__[0] in "AEIOU" else "a"
+            return False, f"{name}: expected {article} {kind.__name__}, got {getattr(config, name)!r}"
     if problem.dtype not in (torch.bfloat16, torch.float16):
         return False, f"dtype: expected bfloat16 or float16, got {problem.dtype}"
     swapped = config.operands is Operands.WEIGHTS_AS_M

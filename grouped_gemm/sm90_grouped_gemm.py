@@ -95,13 +95,23 @@ __all__ = [
 ]
 
 
-def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConfig | None:
-    """The WEIGHTS_AS_M (decode) kernel for about `rows_per_expert` rows per expert, or None where the
-    regular kernel is the better choice (more than SWAPPED_MAX_ROWS_PER_EXPERT rows) or none fits."""
+def _checked_rows_per_expert(rows_per_expert: float | None) -> float | None:
+    """rows_per_expert as given (None: unknown), after checking it is a finite number >= 0."""
+    if rows_per_expert is None:
+        return None
     if isinstance(rows_per_expert, bool) or not isinstance(rows_per_expert, (int, float)):
         raise TypeError(f"rows_per_expert: expected a number (e.g. T * k / E), got {type(rows_per_expert).__name__}")
     if not math.isfinite(rows_per_expert) or rows_per_expert < 0:
         raise ValueError(f"rows_per_expert: expected a finite number >= 0, got {rows_per_expert}")
+    return rows_per_expert
+
+
+def swapped_config(problem: Sm90Problem, rows_per_expert: float) -> Sm90GemmConfig | None:
+    """The WEIGHTS_AS_M (decode) kernel for about `rows_per_expert` rows per expert, or None where the
+    regular kernel is the better choice (more than SWAPPED_MAX_ROWS_PER_EXPERT rows) or none fits."""
+    if rows_per_expert is None:
+        raise TypeError("rows_per_expert: expected a number (e.g. T * k / E), got NoneType")
+    _checked_rows_per_expert(rows_per_expert)
     if rows_per_expert > SWAPPED_MAX_ROWS_PER_EXPERT:
         return None
     tile_m = next(m for most, m in SWAPPED_TILE_M_LIMITS if rows_per_expert <= most)
@@ -215,10 +225,9 @@ def class_bounds(device) -> torch.Tensor:
     """int32 [2] on `device`: EXPERT_CLASS_MAX_ROWS, the boundaries class_counts takes. Made once per device (a
     host-to-device copy: the first call must be outside any graph capture; MoELayer makes it when it is built), then
     shared: read it, never write it."""
-    device = torch.device(device)
-    key = (device.type, device.index)
+    key = l2_sides.device_key(device)
     if key not in _CLASS_BOUNDS:
-        _CLASS_BOUNDS[key] = torch.tensor(EXPERT_CLASS_MAX_ROWS, dtype=torch.int32, device=device)
+        _CLASS_BOUNDS[key] = torch.tensor(EXPERT_CLASS_MAX_ROWS, dtype=torch.int32, device=torch.device(*key))
     return _CLASS_BOUNDS[key]
 
 
@@ -348,9 +357,10 @@ def regular_config(problem: Sm90Problem, scheduler: Scheduler | None = None, wor
                              raster_group_m=GROUPED_RASTER_GROUP_M,
                              padding_rows=default_padding_rows(problem, 128, raster=raster),
                              epilogue_store=default_epilogue_store())
-        if can_implement(cfg, problem)[0]:
+        ok, why = can_implement(cfg, problem)
+        if ok:
             return cfg
-    raise ValueError(f"problem: no sm90 configuration fits {problem}")
+    raise ValueError(f"problem: no sm90 configuration fits {problem} (the last candidate's limit: {why})")
 
 
 # ---------------------------------------------------------------------------------------------- prepack
@@ -385,13 +395,14 @@ def kernel_bias(stage: GemmStage, bias: torch.Tensor) -> KernelBias:
 
 def epilogue_operands(
     stage: GemmStage, num_experts: int, n: int, rows: int, bias: torch.Tensor | KernelBias | None,
-    row_scale: torch.Tensor | None,
+    row_scale: torch.Tensor | None, device: torch.device | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The CuTe kernels' fp32 epilogue operands (sm90 and sm100) from the public ones; None stays None.
 
     bias: GEMM1's b13 [E, 2I] (returned interleaved like prepack_w13) or GEMM2's b2 [E, H]; n is 2I or H; or a
-    KernelBias of this stage (returned as it is).
-    row_scale: GEMM2's router weight per row, [rows].
+    KernelBias of this stage (returned as it is: fp32, contiguous).
+    row_scale: GEMM2's router weight per row, [rows], floating point.
+    device: where the kernel runs (each operand must be there), unless None.
     """
     name = "b13" if stage is GemmStage.GEMM1 else "b2"
     if isinstance(bias, KernelBias):
@@ -399,15 +410,28 @@ def epilogue_operands(
             raise ValueError(f"{name}: a KernelBias made for {bias.stage.name}, this is {stage.name}")
         if bias.values.shape != (num_experts, n):
             raise TypeError(f"{name}: expected [{num_experts}, {n}], got {tuple(bias.values.shape)}")
+        if bias.values.dtype != torch.float32 or not bias.values.is_contiguous():
+            raise TypeError(f"{name}: a KernelBias holds contiguous fp32 values (kernel_bias makes them), got "
+                            f"{bias.values.dtype}{'' if bias.values.is_contiguous() else ', not contiguous'}")
         bias = bias.values
     elif bias is not None:
+        if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor [{num_experts}, {n}] or a KernelBias, got "
+                            f"{getattr(bias, 'dtype', type(bias).__name__)}")
         if bias.shape != (num_experts, n):
             raise TypeError(f"{name}: expected [{num_experts}, {n}], got {tuple(bias.shape)}")
         bias = kernel_bias(stage, bias).values
     if row_scale is not None:
+        if not isinstance(row_scale, torch.Tensor) or not row_scale.is_floating_point():
+            raise TypeError(f"row_scale: expected a floating-point tensor [{rows}], got "
+                            f"{getattr(row_scale, 'dtype', type(row_scale).__name__)}")
         if row_scale.shape != (rows,):
             raise TypeError(f"row_scale: expected [{rows}], got {tuple(row_scale.shape)}")
         row_scale = row_scale.float().contiguous()
+    if device is not None:
+        for label, t in ((name, bias), ("row_scale", row_scale)):
+            if t is not None and t.device != device:
+                raise ValueError(f"{label}: expected device {device}, got {t.device}")
     return bias, row_scale
 
 
@@ -538,8 +562,8 @@ def prepare_device(device: torch.device) -> None:
     scale, DYNAMIC_SIDES's side map), once per device. MoELayer calls this when it is built. A first launch inside a
     graph capture would otherwise make them in the capture's memory pool and keep them there, and torch.compile's CUDA
     graph trees (which warm up inside their pool) refuse a pool holding tensors that are not outputs."""
-    device = torch.device(device)
-    key = (device.type, device.index)
+    key = l2_sides.device_key(device)
+    device = torch.device(*key)
     if key not in _UNUSED:
         _UNUSED[key] = (torch.empty(4, dtype=torch.int32, device=device),
                         torch.empty(1, 1, dtype=torch.float32, device=device),
@@ -554,12 +578,17 @@ def persistent_ctas(device: torch.device, cluster_m: int) -> int:
     """The persistent grid of one launch: one CTA per SM of `device` (the kernels take up a whole SM), in whole
     clusters. A runtime argument of every sm90 kernel, so that one bundle serves every Hopper part (132 SMs on the
     H100 SXM / H200, 114 on the H100 PCIe, 78 on the H20) with neither a second wave nor idle SMs."""
-    key = (device.type, device.index)
+    key = (device.type, device.index) if isinstance(device, torch.device) else None
     if key not in _SM_COUNTS:  # (checked once per device: the launch path only looks it up)
-        if not isinstance(device, torch.device) or device.type != "cuda" or device.index is None:
-            raise ValueError(f"device: expected a CUDA torch.device with an index, got {device!r}")
-        _SM_COUNTS[key] = torch.cuda.get_device_properties(device).multi_processor_count
-    if cluster_m not in (1, 2):
+        try:
+            key = l2_sides.device_key(device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"device: expected a CUDA device, got {device!r}") from error
+        if key[0] != "cuda":
+            raise ValueError(f"device: expected a CUDA device, got {device!r}")
+        if key not in _SM_COUNTS:
+            _SM_COUNTS[key] = torch.cuda.get_device_properties(torch.device(*key)).multi_processor_count
+    if isinstance(cluster_m, bool) or not isinstance(cluster_m, int) or cluster_m not in (1, 2):
         raise ValueError(f"cluster_m: expected 1 or 2 (the sm90 clusters), got {cluster_m!r}")
     return max(cluster_m, _SM_COUNTS[key] // cluster_m * cluster_m)
 
@@ -594,13 +623,27 @@ def _check_common(a, w, row_offsets, counts, name_w):
         raise ValueError("a: the sm90 kernels need CUDA tensors")
     if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype != a.dtype or w.shape[2] != a.shape[1]:
         raise TypeError(f"{name_w}: expected [E, N, {a.shape[1]}] of {a.dtype}, got {getattr(w, 'shape', None)} {getattr(w, 'dtype', None)}")
+    if min(w.shape) < 1:
+        raise ValueError(f"{name_w}: expected [E, N, K] with every size >= 1, got {tuple(w.shape)}")
     num_experts = w.shape[0]
-    if row_offsets.dtype != torch.int32 or row_offsets.shape != (num_experts + 1,):
-        raise TypeError(f"row_offsets: expected int32 [{num_experts + 1}], got {row_offsets.dtype} {tuple(row_offsets.shape)}")
-    if counts.dtype != torch.int32 or counts.shape != (num_experts,):
-        raise TypeError(f"counts: expected int32 [{num_experts}], got {counts.dtype} {tuple(counts.shape)}")
+    for name, t, shape in (("row_offsets", row_offsets, (num_experts + 1,)), ("counts", counts, (num_experts,))):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.shape != shape:
+            raise TypeError(f"{name}: expected int32 {list(shape)}, got {getattr(t, 'dtype', type(t).__name__)} "
+                            f"{tuple(getattr(t, 'shape', ()))}")
+    for name, t in ((name_w, w), ("row_offsets", row_offsets), ("counts", counts)):
+        if t.device != a.device:
+            raise ValueError(f"{name}: expected device {a.device} (a's), got {t.device}")
     if not (a.is_contiguous() and w.is_contiguous()):
         raise ValueError("a, w: expected contiguous (K-major) tensors")
+
+
+def check_out(out, rows: int, n_out: int, a: torch.Tensor) -> None:
+    """A caller's `out` for a GEMM of `rows` x `n_out` on `a` (sm90 and sm100): shape, dtype, device, layout."""
+    if not isinstance(out, torch.Tensor) or out.shape != (rows, n_out) or out.dtype != a.dtype \
+            or out.device != a.device or not out.is_contiguous() or out.data_ptr() % 16:
+        raise TypeError(f"out: expected a contiguous 16-byte aligned [{rows}, {n_out}] {a.dtype} tensor on {a.device}, "
+                        f"got {tuple(getattr(out, 'shape', ()))} {getattr(out, 'dtype', type(out).__name__)} on "
+                        f"{getattr(out, 'device', None)}")
 
 
 _KERNELS_BY_LAUNCH: dict = {}  # (config, problem, directory) -> the kernel: one lookup per launch on the hot path
@@ -626,13 +669,21 @@ def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, direc
          rows_per_token=1):
     if not isinstance(config, Sm90GemmConfig):  # (the memo below hashes it)
         raise TypeError(f"config: expected an Sm90GemmConfig, got {type(config).__name__}")
-    kernel = _kernel_for(config, problem, directory)
+    kernel = _KERNELS_BY_LAUNCH.get((config, problem, None if directory is None else str(directory)))
+    if kernel is None:  # a first launch: the config's check before the arguments' checks, which read its fields
+        ok, why = can_implement(config, problem)
+        if not ok:
+            raise ValueError(f"config: {why}")
     if (a_rows is not None) != (config.a_source is not ASource.EXPERT_ORDER_COPY):
         raise ValueError(f"a_rows: a_source {config.a_source.name} "
                          + ("takes a_rows (the dispatch's sorted_slots)" if a_rows is None else "takes no a_rows"))
     if config.operands is Operands.WEIGHTS_AS_M and out.shape[0] * out.shape[1] > DIRECT_STORE_MAX_ELEMENTS:
         raise ValueError(f"config: a WEIGHTS_AS_M kernel stores C with 32-bit element offsets; C {tuple(out.shape)} "
                          f"has more than 2**31 - 1 elements: take a TOKENS_AS_M config (regular_config)")
+    if out.shape[0] == 0:  # no rows: nothing to launch
+        return out
+    if kernel is None:
+        kernel = _kernel_for(config, problem, directory)
     workspace, dummy_bias, dummy_scale = _launch_scratch(config, a.device)
     operands = (a, w) if a_rows is None else (a, a_rows, w)
     tail = (int(config.pair_threshold),) if a_rows is None else (int(config.pair_threshold), int(rows_per_token))
@@ -734,8 +785,9 @@ def sm90_grouped_gemm1(
     sorted_slots (-1 = padding: reads a[r % T]; every other entry must be below T * rows_per_token) and
     rows_per_token its top-k; the output then has a_rows.shape[0] rows.
 
-    config None: default_config(problem, rows_per_expert=rows_per_expert) (a host-side estimate such as
-    T * k / E picks the decode kernel; None: the regular one); with a_rows token_rows_config."""
+    config None: config_for_rows (default_config(problem, rows_per_expert=rows_per_expert), whose host-side
+    estimate such as T * k / E picks the decode kernel, None the regular one; the regular kernel where a decode
+    kernel's 32-bit store offsets would overflow); with a_rows token_rows_config."""
     _check_common(a, packed_w13, row_offsets, counts, "packed_w13")
     activation = Activation.parse(activation)
     num_experts, two_i, hidden = packed_w13.shape
@@ -744,13 +796,15 @@ def sm90_grouped_gemm1(
     if a_rows is not None:
         _check_a_rows(a_rows, rows_per_token)
         rows = a_rows.shape[0]
+        rows_per_expert = _checked_rows_per_expert(rows_per_expert)
         config = config or token_rows_config(problem, rows_per_expert)
         if config is None:
             raise ValueError(f"a_rows: no TOKEN_ROWS configuration fits {problem}")
     config = config or config_for_rows(problem, rows_per_expert, rows)
     if out is None:
         out = torch.empty(rows, two_i // 2, dtype=a.dtype, device=a.device)
-    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, rows, b13, None)
+    check_out(out, rows, two_i // 2, a)
+    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, rows, b13, None, a.device)
     if a_rows is not None and a.shape[0] == 0:  # no tokens: every row is padding (never read)
         return out
     return _run(config, problem, a, packed_w13, out, row_offsets, counts, bias, None, kernel_directory, a_rows,
@@ -777,7 +831,8 @@ def sm90_grouped_gemm2(
     config = config or config_for_rows(problem, rows_per_expert, a.shape[0])
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
-    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale)
+    check_out(out, a.shape[0], hidden, a)
+    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale, a.device)
     return _run(config, problem, a, w2, out, row_offsets, counts, bias, row_scale, kernel_directory)
 
 
@@ -864,9 +919,9 @@ def kernel_from_key(key: KernelKey) -> tuple[Sm90GemmConfig, Sm90Problem]:
             epilogue_store=EpilogueStore(extra.get("store", EpilogueStore.AFTER_MAINLOOP.value)),
             dependent_launch=DependentLaunch(extra.get("launch", DependentLaunch.STREAM_ORDER.value)),
         )
-    except ValueError as exc:
+        problem = Sm90Problem(stage, key.n, key.k, key.num_experts, dtype, activation, has_bias, has_row_scale)
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"key: {key.file_stem()}: {exc}") from None
-    problem = Sm90Problem(stage, key.n, key.k, key.num_experts, dtype, activation, has_bias, has_row_scale)
     ok, reason = can_implement(config, problem)
     if not ok:
         raise ValueError(f"key: {key.file_stem()}: {reason}")

@@ -5,6 +5,7 @@ the PTX / host IR are inspected. The default tier compiles one kernel directly a
 qwen3-30b-a3b through the bundle command; every preset's kernels (20, about 2.5 minutes on 2 cores) are
 marked slow (CI runs them: it does not deselect the marker).
 """
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -250,3 +251,15 @@ def test_host_api_rejects_bad_arguments_without_gpu():
         sm100_grouped_gemm1(a.float(), w2, offsets, counts)
     with pytest.raises(ValueError, match="CUDA"):
         sm100_grouped_gemm2(a, w2, offsets, counts)
+
+
+def test_can_implement_checks_the_single_fallback():
+    """A PAIR config with a pair_threshold also launches its SINGLE twin for the smaller experts: can_implement refuses
+    it where that twin cannot run (here: one 128-deep stage of 8 epilogue buffers fits in SMEM), instead of the call
+    failing after its first launch."""
+    config = Sm100GemmConfig(unit=WorkUnit.PAIR, tile_n=128, tile_k=128, epi_n=64, epi_buffers=8, pair_threshold=129)
+    problem = Sm100Problem(GemmStage.GEMM2, 4096, 4096, 8)
+    assert sm100.can_implement(dataclasses.replace(config, pair_threshold=0), problem) == (True, "")
+    ok, why = sm100.can_implement(config, problem)
+    assert not ok and why.startswith("pair_threshold 129: the SINGLE launch"), why
+    assert sm100.can_implement("pair", problem) == (False, "expected an Sm100GemmConfig, got str")

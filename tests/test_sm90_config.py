@@ -319,7 +319,6 @@ def test_wide_swapped_limits_and_key():
                       (dataclasses.replace(w160, token_step=64), "token_step"),  # 64 does not divide 160
                       (dataclasses.replace(wide, tile_m=192, token_step=0), "tile_m"),
                       (dataclasses.replace(wide, token_step=12), "token_step"), (dataclasses.replace(wide, token_step=-8), "token_step"),
-                      (dataclasses.replace(wide, token_step=True), "token_step"),
                       (s90.Sm90GemmConfig(tile_m=16, tile_n=128, operands=W, token_step=8), "token_step"),
                       (s90.Sm90GemmConfig(token_step=32), "token_step")):
         ok, why = s90.can_implement(bad, p1)
@@ -623,3 +622,43 @@ def test_aot_cli_rejects_unknown_model():
 
     with pytest.raises(ValueError, match="model"):
         aot.build("no-such-model", "sm_90a", "/tmp/unused")
+
+
+def test_config_and_problem_fields_are_typed():
+    """A float or bool where an int belongs is refused when the config is made (64.0 hashes like 64, so the memoized
+    can_implement / kernel_key would serve one's answer for the other); enum fields given as strings are refused by
+    can_implement, by name; a problem's sizes are ints >= 1 and its kind a GemmStage."""
+    for field, value in (("tile_k", 64.0), ("token_step", True), ("pair_threshold", None), ("pair_threshold", 300.7)):
+        with pytest.raises(TypeError, match=f"^{field}: expected an int"):
+            s90.Sm90GemmConfig(**{field: value})
+    p1 = s90.Sm90Problem(G1, 1536, 2048, 128, torch.bfloat16, Activation.SWIGLU)
+    for field, value in (("work_unit", "pair"), ("scheduler", "dynamic"), ("raster", "grouped_m"),
+                         ("padding_rows", "skip"), ("consumers", "pingpong"), ("operands", "weights_as_m")):
+        ok, why = s90.can_implement(s90.Sm90GemmConfig(**{field: value}), p1)
+        assert not ok and why.startswith(f"{field}: expected a"), why
+    with pytest.raises(TypeError, match="^kind: expected a GemmStage"):
+        s90.Sm90Problem("gemm1", 1536, 2048, 128)
+    for sizes, name in (((0, 2048, 128), "n"), ((1536, 0, 128), "k"), ((1536, 2048, 0), "num_experts"),
+                        ((1536.0, 2048, 128), "n")):
+        with pytest.raises(ValueError, match=f"^{name}: expected an int >= 1"):
+            s90.Sm90Problem(G1, *sizes)
+    with pytest.raises(ValueError, match="^problem: no sm90 configuration fits .*the last candidate's limit"):
+        s90.regular_config(s90.Sm90Problem(G2, 2048, 100, 128))  # K not a multiple of 8
+
+
+def test_device_tables_take_a_device_with_or_without_its_index(monkeypatch):
+    """"cuda" is the current CUDA device in every per-device table (prepare_device's scratch, the SM counts, the class
+    bounds, the L2 side maps), so a device named either way finds one entry."""
+    from moe2cta.grouped_gemm import l2_sides
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert l2_sides.device_key("cuda") == l2_sides.device_key(torch.device("cuda", 3)) == ("cuda", 3)
+    assert l2_sides.device_key("cpu") == ("cpu", None)
+    for device in ("cpu", 0):
+        with pytest.raises(ValueError, match="^device: expected a CUDA device"):
+            s90.persistent_ctas(device, 1)
+    monkeypatch.setitem(s90._SM_COUNTS, ("cuda", 3), 132)
+    assert s90.persistent_ctas("cuda", 2) == s90.persistent_ctas(torch.device("cuda", 3), 2) == 132
+    for cluster_m in (True, 2.0, 3):
+        with pytest.raises(ValueError, match="^cluster_m"):
+            s90.persistent_ctas(torch.device("cuda", 3), cluster_m)

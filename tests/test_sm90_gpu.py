@@ -262,3 +262,42 @@ def test_programmatic_launch_chain_is_bit_equal(tokens):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, want), launch
+
+
+def test_wrapper_arguments_are_checked_before_any_launch():
+    """The public wrappers name a wrong `out`, an operand on another device, a bias or row scale of the wrong kind, a
+    zero-sized weight and an a_rows / config mismatch, before a kernel is fetched or launched (the bundle's entry check
+    named the kernel's own argument, after the load); a 0-row launch returns at once."""
+    s90 = bench.s90
+    dev = torch.device("cuda")
+    experts, hidden, inter = 4, 256, 128
+    a = torch.randn(512, hidden, device=dev).to(torch.bfloat16)
+    w13 = s90.prepack_w13(torch.randn(experts, 2 * inter, hidden, device=dev).to(torch.bfloat16))
+    w2 = torch.randn(experts, hidden, inter, device=dev).to(torch.bfloat16)
+    ro = torch.arange(0, 640, 128, dtype=torch.int32, device=dev)
+    counts = torch.full((experts,), 100, dtype=torch.int32, device=dev)
+    bad_outs = (torch.empty(512, 7, dtype=torch.bfloat16, device=dev), torch.empty(512, inter, device=dev),
+                torch.empty(512, inter, dtype=torch.bfloat16), torch.empty(inter, 512, dtype=torch.bfloat16, device=dev).t())
+    for out in bad_outs:
+        with pytest.raises(TypeError, match="^out: expected a contiguous"):
+            s90.sm90_grouped_gemm1(a, w13, ro, counts, out=out)
+    for name, kwargs in (("packed_w13", dict(packed_w13=w13.cpu())), ("row_offsets", dict(row_offsets=ro.cpu())),
+                         ("counts", dict(counts=counts.cpu()))):
+        args = dict(a=a, packed_w13=w13, row_offsets=ro, counts=counts) | kwargs
+        with pytest.raises(ValueError, match=f"^{name}: expected device"):
+            s90.sm90_grouped_gemm1(**args)
+    with pytest.raises(ValueError, match="^b13: expected device"):
+        s90.sm90_grouped_gemm1(a, w13, ro, counts, b13=torch.zeros(experts, 2 * inter))
+    with pytest.raises(TypeError, match="^row_scale: expected a floating-point tensor"):
+        s90.sm90_grouped_gemm2(a[:, :inter].contiguous(), w2, ro, counts, row_scale=torch.ones(512, dtype=torch.int64, device=dev))
+    with pytest.raises(ValueError, match="^packed_w13: expected \\[E, N, K\\] with every size >= 1"):
+        s90.sm90_grouped_gemm1(a, w13[:, :0], ro, counts)
+    token_rows = s90.token_rows_config(s90.Sm90Problem(bench.G1, 2 * inter, hidden, experts, torch.bfloat16,
+                                                       bench.Activation.SWIGLU))
+    with pytest.raises(ValueError, match="^a_rows: a_source TOKEN_ROWS takes a_rows"):
+        s90.sm90_grouped_gemm1(a, w13, ro, counts, config=token_rows, kernel_directory="/nonexistent-bundle")
+    with pytest.raises(ValueError, match="^rows_per_expert"):
+        s90.sm90_grouped_gemm1(a[:3], w13, ro, counts, a_rows=torch.zeros(512, dtype=torch.int32, device=dev),
+                               rows_per_expert=float("nan"))
+    empty = s90.sm90_grouped_gemm2(torch.empty(0, inter, dtype=torch.bfloat16, device=dev), w2, ro, counts)
+    assert empty.shape == (0, hidden)
