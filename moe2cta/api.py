@@ -894,8 +894,7 @@ class MoELayer:
         elif topk_ids is None:
             topk_weights, topk_ids, disp = _route_dispatch_gpu(self, router_logits)
         topk_weights = topk_weights.to(torch.float32).contiguous()
-        topk_ids = topk_ids.to(torch.int32).contiguous() if self.backend is Backend.TORCH else \
-            _router_api().int32_ids(topk_ids)
+        topk_ids = _router_api().int32_ids(topk_ids)  # int64 ids past int32 stay off-rank instead of wrapping
         if disp is None and self.backend is not Backend.TORCH:
             disp = _dispatch_gpu(self, topk_ids)
         return _FORWARD[backend](self, hidden, topk_weights, topk_ids, disp)
