@@ -274,8 +274,11 @@ def requested_kernels(requests, family: str, config_type, problem_type, can_impl
     for number, request in enumerate(requests, 1):
         if not isinstance(request, dict) or request.get("family") != family:
             raise ValueError(f"requests[{number}]: expected a {family} request, got {request!r}")
-        config = dataclass_from_json(config_type, request.get("config"))
-        problem = dataclass_from_json(problem_type, request.get("problem"))
+        try:
+            config = dataclass_from_json(config_type, request.get("config"))
+            problem = dataclass_from_json(problem_type, request.get("problem"))
+        except (TypeError, ValueError) as error:  # a field the config / problem refuses
+            raise ValueError(f"requests[{number}]: {error}") from None
         ok, why = can_implement(config, problem)
         if not ok:
             raise ValueError(f"requests[{number}]: {why}")

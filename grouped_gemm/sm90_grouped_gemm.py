@@ -581,6 +581,8 @@ def persistent_ctas(device: torch.device, cluster_m: int) -> int:
     key = (device.type, device.index) if isinstance(device, torch.device) else None
     if key not in _SM_COUNTS:  # (checked once per device: the launch path only looks it up)
         try:
+            if not isinstance(device, (torch.device, str)):  # (an int means "the current accelerator" to torch)
+                raise TypeError(device)
             key = l2_sides.device_key(device)
         except (RuntimeError, TypeError) as error:
             raise ValueError(f"device: expected a CUDA device, got {device!r}") from error
@@ -606,6 +608,7 @@ def _launch_scratch(config, device: torch.device):
     key = (device.type, device.index)
     if key not in _UNUSED:  # (one dict lookup per launch on the hot path)
         prepare_device(device)
+        key = l2_sides.device_key(device)
     unused_workspace, dummy_bias, dummy_scale = _UNUSED[key]
     if config.scheduler is Scheduler.DYNAMIC:
         return torch.zeros(4, dtype=torch.int32, device=device), dummy_bias, dummy_scale

@@ -310,3 +310,16 @@ def test_kernel_from_key_rejects_malformed_tiles_and_clusters():
 def test_build_requests_names_a_directory(tmp_path):
     with pytest.raises(ValueError, match="requests: .* is a directory"):
         aot.build_requests(str(tmp_path), "sm_90a", str(tmp_path / "out"))
+
+
+def test_a_request_its_dataclasses_refuse_is_named_by_number():
+    """A request whose config or problem the dataclasses refuse when made (a float tile, zero experts) is named like
+    one can_implement refuses: requests[N] and the field."""
+    config, problem = s90.preset_configs(PRESETS["qwen3-30b-a3b"])[0]
+    good = rt.make_request(s90.FAMILY, config, problem)
+    assert rt.requested_kernels([good], s90.FAMILY, s90.Sm90GemmConfig, s90.Sm90Problem, s90.can_implement) == [
+        (config, problem)]
+    for part, field, value in (("problem", "num_experts", 0), ("config", "tile_k", 64.5)):
+        bad = good | {part: good[part] | {field: value}}
+        with pytest.raises(ValueError, match=f"^requests\\[2\\]: (Sm90\\w+\\.)?{field}: expected (an )?int"):
+            rt.requested_kernels([good, bad], s90.FAMILY, s90.Sm90GemmConfig, s90.Sm90Problem, s90.can_implement)

@@ -654,7 +654,7 @@ def test_device_tables_take_a_device_with_or_without_its_index(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     assert l2_sides.device_key("cuda") == l2_sides.device_key(torch.device("cuda", 3)) == ("cuda", 3)
     assert l2_sides.device_key("cpu") == ("cpu", None)
-    for device in ("cpu", 0):
+    for device in ("cpu", "meta", 0):  # (0: torch's "current accelerator", refused as not a device or a name)
         with pytest.raises(ValueError, match="^device: expected a CUDA device"):
             s90.persistent_ctas(device, 1)
     monkeypatch.setitem(s90._SM_COUNTS, ("cuda", 3), 132)
