@@ -77,6 +77,7 @@ from .epilogue import (
     parse_epilogue_name,
 )
 # one host-side epilogue operand layout for both CuTe families
+from .l2_sides import device_key
 from .sm90_grouped_gemm import KernelBias, check_out, epilogue_operands, kernel_bias  # noqa: F401 (kernel_bias: the layer)
 
 __all__ = [
@@ -980,17 +981,9 @@ def prepare_device(device) -> None:
     """Make the dummy that launches on `device` pass for an absent bias or row scale (never read), once per device.
     MoELayer calls this when it is built: a first launch inside a graph capture would otherwise make it in the
     capture's memory pool and keep it there (torch.compile's CUDA graph trees refuse that)."""
-    device = _device_key(device)
+    device = torch.device(*device_key(device))  # with its index, as the launches' a.device
     if device not in _SCRATCH:
         _SCRATCH[device] = torch.zeros(1, dtype=torch.float32, device=device)
-
-
-def _device_key(device) -> torch.device:
-    """`device` with its index ("cuda" is the current device), so that prepare_device and the launches agree."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def _launch(config, problem, a, w, out, row_offsets, counts, bias, row_scale):
