@@ -12,6 +12,11 @@ entry per key and, on request, the PTX beside each library. `load_kernel` opens 
 The bundle directory is found at call time: an explicit argument, else the environment variable
 MOE2CTA_KERNEL_DIR (read when asked, never at import).
 
+Provenance: each manifest entry records the digest of the sources its kernel was built from (`kernel_sources_digest`:
+the family's module and every module of this package it imports, the loader excepted). `load_kernel` refuses a
+library whose entry is missing or names other sources, because a kernel fix that changes no key field would otherwise
+keep running the old code. Where the DSL is present the cache then compiles the kernel instead.
+
 Kernel requests: where a kernel can be neither loaded nor compiled, and a requests file is named (argument, or
 MOE2CTA_KERNEL_REQUESTS read at call time), the cache appends one JSON line for it (family, configuration,
 problem, once per kernel) before it raises. On a machine with the DSL, `python -m moe2cta.aot build --requests
@@ -54,6 +59,7 @@ __all__ = [
     "export_kernel",
     "load_kernel",
     "read_manifest",
+    "kernel_sources_digest",
     "KernelCache",
 ]
 
@@ -339,6 +345,112 @@ def tvm_ffi_available() -> bool:
         return False
 
 
+# ---------------------------------------------------------------------------------------------- provenance
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+_FAMILY_MODULES = {"sm90_grouped_gemm": "sm90_grouped_gemm", "sm100_grouped_gemm": "sm100_grouped_gemm"}
+_NOT_KERNEL_SOURCES = frozenset({"cute_runtime"})  # this loader: it shapes no kernel
+
+
+def _package_imports(source: str) -> set[str]:
+    """Names of this package's modules that `source` imports (`from .x import ...`, `from . import x`), at any depth
+    of the file (the families import their kernel modules inside functions)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names.update([node.module.split(".")[0]] if node.module else [alias.name for alias in node.names])
+    return names
+
+
+def kernel_source_files(family: str, package_dir: pathlib.Path | None = None) -> list[pathlib.Path] | None:
+    """The files whose code a `family` kernel is built from: the family's module and, transitively, every module of
+    this package it imports (the loader excepted), sorted; None for a family this runtime does not know."""
+    if family not in _FAMILY_MODULES:
+        return None
+    package_dir = _PACKAGE_DIR if package_dir is None else pathlib.Path(package_dir)
+    seen: set[str] = set()
+    todo = [_FAMILY_MODULES[family]]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in _NOT_KERNEL_SOURCES:
+            continue
+        path = package_dir / f"{name}.py"
+        if not path.is_file():  # a name imported from the package's __init__, not a module file
+            continue
+        seen.add(name)
+        todo.extend(_package_imports(path.read_text()))
+    return sorted(package_dir / f"{name}.py" for name in seen)
+
+
+_DIGESTS: dict = {}
+
+
+def kernel_sources_digest(family: str, package_dir: pathlib.Path | None = None) -> str | None:
+    """sha256 (hex) over the names and bytes of kernel_source_files(family): what a bundle's manifest records for each
+    kernel and what load_kernel compares. None for a family this runtime does not know. Computed once per process."""
+    cache_key = (family, None if package_dir is None else str(package_dir))
+    if cache_key not in _DIGESTS:
+        files = kernel_source_files(family, package_dir)
+        if files is None:
+            _DIGESTS[cache_key] = None
+        else:
+            digest = hashlib.sha256()
+            for path in files:
+                digest.update(path.name.encode() + b"\0" + path.read_bytes().replace(b"\r\n", b"\n") + b"\0")
+            _DIGESTS[cache_key] = digest.hexdigest()
+    return _DIGESTS[cache_key]
+
+
+def _package_version() -> str:
+    try:
+        import importlib.metadata
+
+        return importlib.metadata.version("moe2cta")
+    except Exception:  # noqa: BLE001 (an uninstalled source tree)
+        return "unknown"
+
+
+_MANIFESTS: dict = {}  # manifest path -> ((inode, mtime_ns, size), parsed manifest)
+
+
+def _manifest_entry(directory: pathlib.Path, stem: str) -> dict | None:
+    """The manifest entry of `stem` in `directory` (parsed once per manifest version), None when there is none."""
+    path = directory / MANIFEST_NAME
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    cached = _MANIFESTS.get(str(path))
+    if cached is None or cached[0] != version:
+        cached = (version, read_manifest(directory))
+        _MANIFESTS[str(path)] = cached
+    return cached[1].get(stem)
+
+
+def provenance_problem(key: "KernelKey", directory: pathlib.Path) -> str | None:
+    """Why the library of `key` in `directory` may not be the code this moe2cta runs, or None when its manifest entry
+    names this runtime's kernel sources (or the family is not one this runtime knows)."""
+    expected = kernel_sources_digest(key.family)
+    if expected is None:
+        return None
+    try:
+        entry = _manifest_entry(directory, key.file_stem())
+    except ValueError as error:
+        return f"its manifest cannot be read ({error})"
+    if entry is None:
+        return f"{directory / MANIFEST_NAME} has no entry for it, so what it was built from is unknown"
+    recorded = entry.get("kernel_sources")
+    if recorded is None:
+        return "its manifest entry records no kernel sources (a bundle built before moe2cta recorded them)"
+    if recorded != expected:
+        built_by = entry.get("moe2cta_version", "unknown")
+        return (f"it was built from other kernel sources (digest {str(recorded)[:12]}, moe2cta {built_by}) than this "
+                f"moe2cta runs ({expected[:12]}, moe2cta {_package_version()}), so its code may differ")
+    return None
+
+
 _manifest_lock = threading.Lock()
 
 
@@ -438,11 +550,23 @@ def export_kernel(
         "function": key.function_name(),
         "ptx": ptx_file.name if ptx_file else None,
         "smem_bytes": smem_bytes,
+        "kernel_sources": kernel_sources_digest(key.family),
+        "moe2cta_version": _package_version(),
+        "cutlass_dsl_version": _dsl_version(),
     }
     if info:
         entry["info"] = info
     _write_manifest_entry(out, stem, entry)
     return lib_path
+
+
+def _dsl_version() -> str:
+    try:
+        import importlib.metadata
+
+        return importlib.metadata.version("nvidia-cutlass-dsl")
+    except Exception:  # noqa: BLE001
+        return "unknown"
 
 
 def _build_hint(arch: str, directory) -> str:
@@ -451,14 +575,16 @@ def _build_hint(arch: str, directory) -> str:
 
 
 class BundleKernelError(RuntimeError):
-    """A bundle's library for a key exists but cannot serve it: not loadable (corrupt, truncated, another platform)
-    or without the entry function this version calls (built by another moe2cta version)."""
+    """A bundle's library for a key exists but cannot serve it: built from other kernel sources than this moe2cta's
+    (or of unknown provenance), not loadable (corrupt, truncated, another platform) or without the entry function this
+    version calls (built by another moe2cta version)."""
 
 
 def load_kernel(key: KernelKey, directory: str | os.PathLike) -> Callable:
     """Open `<directory>/<stem>.so` with tvm_ffi and return its entry function (called with torch tensors).
-    FileNotFoundError where the library is missing; BundleKernelError where it cannot be loaded or lacks the entry
-    function; both say how to build it again."""
+    FileNotFoundError where the library is missing; BundleKernelError where its manifest entry is missing or names
+    other kernel sources than this moe2cta's, or where it cannot be loaded or lacks the entry function; both say how
+    to build it again."""
     if not isinstance(key, KernelKey):
         raise TypeError(f"key: expected KernelKey, got {type(key).__name__}")
     path = _checked_path(directory, "directory") / f"{key.file_stem()}.so"
@@ -467,6 +593,10 @@ def load_kernel(key: KernelKey, directory: str | os.PathLike) -> Callable:
             f"load_kernel: no prebuilt kernel {path.name} in {directory}{other_version_note(key, path.parent)} "
             f"(build it with {_build_hint(key.arch, directory)})"
         )
+    stale = provenance_problem(key, path.parent)
+    if stale is not None:
+        raise BundleKernelError(
+            f"load_kernel: {path} is not loaded: {stale}. Build it again with {_build_hint(key.arch, path.parent)}")
     try:
         import tvm_ffi  # lazy: only the runtime needs it
     except ImportError as exc:

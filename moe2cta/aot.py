@@ -8,6 +8,8 @@
     FILE is what a run with MOE2CTA_KERNEL_REQUESTS=FILE recorded where it found neither the DSL nor the kernel)
     python -m moe2cta.aot requests --from-bundle DIR --out FILE   (a requests file of every kernel in a bundle, to
     build the same bundle elsewhere or with another compiler version)
+    python -m moe2cta.aot check DIR   (whether this moe2cta loads every kernel of a bundle: each library present and
+    built from this version's kernel sources; exit status 1 when one is not)
 
 writes one shared library per kernel (tvm-ffi ABI, symbolic token count) plus manifest.json into DIR, and
 with --keep-ptx the PTX beside each. At run time point MOE2CTA_KERNEL_DIR (or the kernel_directory argument)
@@ -25,7 +27,7 @@ import time
 from .presets import custom_preset, get_preset
 from .validation import output_dir, output_file
 
-__all__ = ["build", "build_requests", "bundle_requests", "main"]
+__all__ = ["build", "build_requests", "bundle_requests", "check_bundle", "main"]
 
 ARCHES = ("sm_90a", "sm_100a")
 FAMILY_MODULES = {"sm_90a": "moe2cta.grouped_gemm.sm90_grouped_gemm",
@@ -104,6 +106,42 @@ def bundle_requests(bundle_dir: str, out_file: str, exclude_dirs=()) -> int:
     return written
 
 
+def check_bundle(bundle_dir: str) -> tuple[int, list[str]]:
+    """(how many of bundle_dir's kernels this moe2cta would load, one line per kernel it would not: its library
+    missing, or built from other kernel sources than this version's, or of unknown provenance). The libraries are
+    not opened: that needs the runtime, which a build machine may lack."""
+    import pathlib
+
+    from moe2cta.grouped_gemm.cute_runtime import KernelKey, provenance_problem, read_manifest
+
+    directory = pathlib.Path(bundle_dir)
+    if not directory.is_dir():
+        raise ValueError(f"bundle: {bundle_dir} is not a directory")
+    manifest = read_manifest(directory)
+    if not manifest:
+        raise ValueError(f"bundle: {bundle_dir} has no manifest.json entries")
+    usable, problems = 0, []
+    for stem, entry in sorted(manifest.items()):
+        try:
+            key = KernelKey.from_json(entry.get("key"))
+        except TypeError as error:
+            problems.append(f"{stem}: its manifest entry holds no kernel key ({error})")
+            continue
+        if key.file_stem() != stem:
+            problems.append(f"{stem}: its manifest entry is for {key.file_stem()}")
+        elif not (directory / f"{stem}.so").is_file():
+            problems.append(f"{stem}: no library {stem}.so")
+        elif key.family not in FAMILIES:
+            problems.append(f"{stem}: no family {key.family!r} here ({sorted(FAMILIES)})")
+        else:
+            why = provenance_problem(key, directory)
+            if why is None:
+                usable += 1
+            else:
+                problems.append(f"{stem}: {why}")
+    return usable, problems
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="moe2cta aot", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,7 +157,21 @@ def main(argv=None) -> int:
     r.add_argument("--exclude-bundle", action="append", default=[], metavar="DIR",
                    help="leave out the kernels this bundle also holds (repeatable; e.g. the preset builds)")
     r.add_argument("--out", required=True, metavar="FILE", help="requests file (appended, one line per kernel)")
+    c = sub.add_parser("check", help="whether this moe2cta loads every kernel of a bundle (exit status 1 if not)")
+    c.add_argument("bundle", metavar="DIR", help="bundle directory (its manifest.json)")
     args = parser.parse_args(argv)
+    if args.command == "check":
+        try:
+            usable, problems = check_bundle(args.bundle)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for line in problems[:20]:
+            print(line)
+        if len(problems) > 20:
+            print(f"... and {len(problems) - 20} more")
+        print(f"{usable} of {usable + len(problems)} kernels in {args.bundle} are loadable by this moe2cta")
+        return 1 if problems else 0
     if args.command == "requests":
         try:
             output_file(args.out, "--out")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -218,8 +219,19 @@ def _tvm_ffi_or_skip():
         pytest.skip("apache-tvm-ffi is not installed")
 
 
+def _stamp(directory, key=None, sources="this"):
+    """A manifest entry for `key`, as export_kernel writes it (sources: this runtime's digest, or the value given)."""
+    key = key or _key()
+    digest = rt.kernel_sources_digest(key.family) if sources == "this" else sources
+    entry = {"key": key.to_json(), "library": f"{key.file_stem()}.so"}
+    if digest is not None:
+        entry["kernel_sources"] = digest
+    rt._write_manifest_entry(directory, key.file_stem(), entry)
+
+
 def test_a_corrupt_library_is_named_with_how_to_rebuild_it(tmp_path):
     _tvm_ffi_or_skip()
+    _stamp(tmp_path)
     library = tmp_path / f"{_key().file_stem()}.so"
     for content in (b"", b"not an ELF file at all", b"\x7fELF\x02\x01\x01" + b"\x00" * 40):  # empty, garbage, truncated
         library.write_bytes(content)
@@ -236,6 +248,7 @@ def test_a_library_without_the_entry_function_names_another_version(tmp_path):
     source.write_text("int moe2cta_some_other_kernel(void) { return 0; }\n")
     library = tmp_path / f"{_key().file_stem()}.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    _stamp(tmp_path)
     with pytest.raises(rt.BundleKernelError, match=f"no entry function {_key().function_name()}.*another moe2cta"):
         rt.load_kernel(_key(), tmp_path)
 
@@ -243,12 +256,85 @@ def test_a_library_without_the_entry_function_names_another_version(tmp_path):
 def test_the_cache_compiles_where_a_bundle_library_is_broken_and_the_dsl_is_here(monkeypatch, tmp_path):
     _tvm_ffi_or_skip()
     (tmp_path / f"{_key().file_stem()}.so").write_bytes(b"garbage")
+    _stamp(tmp_path)
     monkeypatch.setattr(rt, "dsl_available", lambda: True)
     with pytest.warns(RuntimeWarning, match="cannot be loaded.*compiling it with the CuTe DSL instead"):
         assert rt.KernelCache(tmp_path, prefer="bundle").get(_key(), lambda: "compiled") == "compiled"
     monkeypatch.setattr(rt, "dsl_available", lambda: False)
     with pytest.raises(rt.BundleKernelError, match="cannot be loaded"):
         rt.KernelCache(tmp_path, prefer="bundle").get(_key(), lambda: "compiled")
+
+
+def test_a_library_of_other_or_unknown_kernel_sources_is_not_loaded(monkeypatch, tmp_path):
+    """A kernel fix that changes no key field leaves the key, and so the library's name, as it was: the manifest's
+    digest of the kernel sources is what tells an old library from the code this moe2cta runs."""
+    (tmp_path / f"{_key().file_stem()}.so").write_bytes(b"a library this check never opens")
+    cases = ((None, "has no entry for it, so what it was built from is unknown"),
+             ({}, "records no kernel sources"),
+             ({"kernel_sources": "0" * 64, "moe2cta_version": "0.0.9"},
+              "built from other kernel sources \\(digest 000000000000, moe2cta 0.0.9\\) than this moe2cta runs \\("
+              + rt.kernel_sources_digest(_key().family)[:12]))
+    for fields, message in cases:
+        (tmp_path / rt.MANIFEST_NAME).unlink(missing_ok=True)
+        if fields is not None:
+            rt._write_manifest_entry(tmp_path, _key().file_stem(), {"key": _key().to_json(), **fields})
+        with pytest.raises(rt.BundleKernelError, match=f"is not loaded: .*{message}.*aot build --model MODEL"):
+            rt.load_kernel(_key(), tmp_path)
+        monkeypatch.setattr(rt, "dsl_available", lambda: False)
+        with pytest.raises(rt.BundleKernelError, match=message):
+            rt.KernelCache(tmp_path, prefer="bundle").get(_key(), lambda: "compiled")
+        monkeypatch.setattr(rt, "dsl_available", lambda: True)  # where the DSL is present, the kernel is compiled
+        with pytest.warns(RuntimeWarning, match=f"{message}.*compiling it with the CuTe DSL instead"):
+            assert rt.KernelCache(tmp_path, prefer="bundle").get(_key(), lambda: "compiled") == "compiled"
+
+
+def test_kernel_sources_are_the_family_module_and_what_it_imports_from_the_package():
+    sm90 = {path.name for path in rt.kernel_source_files("sm90_grouped_gemm")}
+    assert {"sm90_grouped_gemm.py", "sm90_config.py", "cute_backend.py", "cute_swapped_backend.py",
+            "cute_fused_tail_backend.py", "cute_epilogue.py", "epilogue.py", "budget.py"} <= sm90
+    assert "cute_runtime.py" not in sm90 and "sm100_grouped_gemm.py" not in sm90
+    sm100 = {path.name for path in rt.kernel_source_files("sm100_grouped_gemm")}
+    assert "sm100_grouped_gemm.py" in sm100 and "epilogue.py" in sm100 and "cute_runtime.py" not in sm100
+    assert rt.kernel_source_files("some_other_family") is None and rt.kernel_sources_digest("some_other_family") is None
+    assert rt.kernel_sources_digest("sm90_grouped_gemm") != rt.kernel_sources_digest("sm100_grouped_gemm")
+
+
+def test_the_kernel_sources_digest_follows_every_kernel_source_and_nothing_else(tmp_path):
+    import shutil as _shutil
+
+    package = pathlib.Path(rt.__file__).resolve().parent
+    copy = tmp_path / "package"
+    _shutil.copytree(package, copy, ignore=_shutil.ignore_patterns("__pycache__"))
+    family = "sm90_grouped_gemm"
+    assert rt.kernel_sources_digest(family, copy) == rt.kernel_sources_digest(family)
+    for name, changes in (("cute_runtime.py", False), ("router_notes.txt", False),  # the loader; not a module
+                          ("cute_epilogue.py", True), ("sm90_config.py", True)):  # imported by the kernel modules
+        edited = tmp_path / f"edited-{name}"
+        _shutil.copytree(copy, edited)
+        target = edited / name
+        target.write_text((target.read_text() if target.exists() else "") + "\n# one more line\n")
+        assert (rt.kernel_sources_digest(family, edited) != rt.kernel_sources_digest(family)) is changes, name
+
+
+def test_aot_check_names_each_kernel_this_version_would_not_load(tmp_path, capsys):
+    other = s90.kernel_key(dataclasses.replace(SMALL_CONFIG, stages=3), SMALL_PROBLEM)
+    third = s90.kernel_key(dataclasses.replace(SMALL_CONFIG, stages=4), SMALL_PROBLEM)
+    for key in (_key(), other, third):
+        _stamp(tmp_path, key, sources="this" if key != other else "f" * 64)
+        if key != third:
+            (tmp_path / f"{key.file_stem()}.so").write_bytes(b"library")
+    usable, problems = aot.check_bundle(str(tmp_path))
+    assert usable == 1 and len(problems) == 2
+    assert any(line.startswith(other.file_stem()) and "other kernel sources" in line for line in problems)
+    assert any(line.startswith(third.file_stem()) and "no library" in line for line in problems)
+    assert aot.main(["check", str(tmp_path)]) == 1
+    assert "1 of 3 kernels" in capsys.readouterr().out
+    (tmp_path / f"{third.file_stem()}.so").write_bytes(b"library")
+    _stamp(tmp_path, other)
+    assert aot.check_bundle(str(tmp_path)) == (3, [])
+    assert aot.main(["check", str(tmp_path)]) == 0
+    assert aot.main(["check", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
 
 
 def test_the_cache_says_what_is_wrong_with_the_bundle_directory(monkeypatch, tmp_path):

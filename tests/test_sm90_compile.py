@@ -628,6 +628,9 @@ def test_export_writes_library_ptx_and_manifest(tmp_path):
     entry = manifest[key.file_stem()]
     assert entry["key"]["n"] == problem.n and entry["smem_bytes"] == 123
     assert entry["function"] == key.function_name()
+    assert entry["kernel_sources"] == rt.kernel_sources_digest(key.family) and len(entry["kernel_sources"]) == 64
+    assert entry["moe2cta_version"] and entry["cutlass_dsl_version"] not in (None, "", "unknown")
+    assert rt.provenance_problem(key, tmp_path) is None  # what load_kernel checks before it opens the library
 
 
 def _write_entries(directory: str, prefix: str, count: int) -> None:
