@@ -20,7 +20,7 @@ from moe2cta.validation import output_dir
 
 from .backends import BACKENDS, DEFAULT_CPU_BACKENDS, DEFAULT_GPU_BACKENDS
 from .distributions import BenchRouter, DistributionKind, RoutingDistribution
-from .floors import DEFAULT_CEILINGS, CeilingSource, Ceilings, measure_ceilings
+from .floors import DEFAULT_CEILINGS, CeilingSource, Ceilings, FloorCeilings, measure_ceilings
 from .progress import Progress, ProgressStyle
 from .runner import BackendOrder, CaseStatus, RunConfig, run_benchmark
 from .timing import TimingConfig
@@ -73,7 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "where bf16 matmuls are ~10x slower)")
     g.add_argument("--list", action="store_true", help="list presets, backends (with availability) and exit")
     m = p.add_argument_group("method")
-    m.add_argument("--no-measure-ceilings", action="store_true", help="use 4.24 TB/s and 792 TFLOP/s, do not measure")
+    m.add_argument("--floors", choices=[f.value for f in FloorCeilings], default=FloorCeilings.TARGETS.value,
+                   help="targets (default): floors at 4.24 TB/s and 792 TFLOP/s, the ceilings the targets and the peer "
+                        "figures are defined with; measured: at this card's ceilings, measured at start (they move by "
+                        "several percent from start to start)")
+    m.add_argument("--no-measure-ceilings", action="store_true", help="do not measure the card's ceilings at start "
+                   "(they are recorded beside the floors)")
     m.add_argument("--bandwidth-tbps", type=float, help="copy bandwidth for the floor (TB/s)")
     m.add_argument("--peak-tflops", type=float, help="bf16 matmul peak for the floor (TFLOP/s)")
     m.add_argument("--time-per-case", type=float, help="seconds of sampling per case (default 0.2 GPU, 0.05 CPU)")
@@ -195,15 +200,27 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
         backends = tuple(x.strip() for x in args.backends.split(",") if x.strip())
     else:
         backends = DEFAULT_GPU_BACKENDS if on_gpu else DEFAULT_CPU_BACKENDS
+    floor_ceilings = FloorCeilings(args.floors)
+    given = args.bandwidth_tbps is not None or args.peak_tflops is not None
+    if given and floor_ceilings is FloorCeilings.MEASURED:
+        raise ValueError("--floors measured: expected no --bandwidth-tbps / --peak-tflops (those give the floors' "
+                         "ceilings themselves)")
+    if floor_ceilings is FloorCeilings.MEASURED and (not on_gpu or args.no_measure_ceilings):
+        raise ValueError("--floors measured: needs the ceilings measured on a CUDA device (no --no-measure-ceilings)")
+    measured = None
+    if on_gpu and not args.no_measure_ceilings:
+        try:
+            measured = measure_ceilings(device)
+        except Exception as exc:
+            if floor_ceilings is FloorCeilings.MEASURED:
+                raise ValueError(f"--floors measured: measuring the ceilings failed ({type(exc).__name__}: {exc})")
+            notes.append(f"measuring ceilings failed ({type(exc).__name__}: {exc}); none recorded")
     ceilings = DEFAULT_CEILINGS
-    if args.bandwidth_tbps is not None or args.peak_tflops is not None:
+    if given:
         ceilings = Ceilings((args.bandwidth_tbps or DEFAULT_CEILINGS.bandwidth / 1e12) * 1e12,
                             (args.peak_tflops or DEFAULT_CEILINGS.matmul_flops / 1e12) * 1e12, CeilingSource.USER)
-    elif on_gpu and not args.no_measure_ceilings:
-        try:
-            ceilings = measure_ceilings(device)
-        except Exception as exc:
-            notes.append(f"measuring ceilings failed ({type(exc).__name__}: {exc}); using the defaults")
+    elif floor_ceilings is FloorCeilings.MEASURED:
+        ceilings = measured
     if not 0 <= args.settle_seconds < float("inf"):
         raise ValueError(f"--settle-seconds: expected a finite number of seconds >= 0, got {args.settle_seconds}")
     timing = TimingConfig(
@@ -218,7 +235,7 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
     if not on_gpu and dtype is torch.float32 and not args.dtype:
         notes.append("CPU run in fp32 (bf16 matmuls are ~10x slower on CPUs without bf16 units); pass --dtype bf16 to force.")
     run = RunConfig(tuple(models), tuple(tokens), distributions, backends, device, ceilings, timing, trace,
-                    args.seed, check_rows, dtype, BackendOrder(args.order), router)
+                    args.seed, check_rows, dtype, BackendOrder(args.order), router, measured)
     if trace is not None and trace.token_budget > 1 << 17:
         raise ValueError("--trace-budget: expected <= 131072 tokens per step")
     return run, notes
@@ -267,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     total = _case_count(run)
     print(
         f"moe2cta-bench: {len(run.models)} model(s) x {len(run.distributions)} routing x "
-        f"{len(run.backends)} backend(s), {total} cases on {run.device}; ceilings {run.ceilings.describe()}",
+        f"{len(run.backends)} backend(s), {total} cases on {run.device}; floor ceilings {run.ceilings.describe()}",
         flush=True,
     )
     progress = Progress(total, style=ProgressStyle(args.progress))

@@ -6,8 +6,11 @@ floor = max(memory time, compute time), as in shared/bench/peers-h200-2026-11-29
   copy bandwidth;
 - compute: 2 * T * k * 3 * H * I FLOPs (GEMM1 is 2I x H, GEMM2 is H x I per routed row), over the peak
   of a large bf16 matmul.
-Both ceilings are measured on the card at start (a device-to-device copy, counting bytes read + written;
-an 8192^3 bf16 matmul), or default to the H200 figures of the peers file (4.24 TB/s, 792 TFLOP/s).
+The floors use the ceilings the targets are defined with, the H200 figures of the peers file (4.24 TB/s,
+792 TFLOP/s), unless asked otherwise (FloorCeilings.MEASURED, or figures given). The ceilings measured on the card
+at start (a device-to-device copy, counting bytes read + written; an 8192^3 bf16 matmul) are recorded beside: the
+matmul's figure moves by several percent from start to start (760-817 TFLOP/s on the same kind of card), so floors
+from it made runs incomparable (up to stop 51 they did).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from moe2cta.presets import ModelPreset
 
 __all__ = [
     "CeilingSource",
+    "FloorCeilings",
     "Ceilings",
     "DEFAULT_CEILINGS",
     "measure_ceilings",
@@ -37,8 +41,15 @@ DEFAULT_MATMUL_FLOPS = 792e12  # FLOP/s, H200 8192^3 bf16 matmul (peers file)
 
 class CeilingSource(enum.Enum):
     MEASURED = "measured on this card"
-    DEFAULT = "default (H200 figures of the peers file)"
+    DEFAULT = "the targets' (H200 figures of the peers file)"
     USER = "given on the command line"
+
+
+class FloorCeilings(enum.Enum):
+    """Which ceilings a run's floors use."""
+
+    TARGETS = "targets"  # 4.24 TB/s, 792 TFLOP/s: what the targets and the peer figures are defined with
+    MEASURED = "measured"  # this card's, measured at the run's start
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Combine per-model layer runs into one result: JSON of every cell and a Markdown summary.
 
     python -m moe2cta.serving_bench.layer_runs --run v15 --json OUT.json --md OUT.md \\
-        [--previous serving_bench/results/layer-h200-2026-12-01-v14.json] RUN_DIR [RUN_DIR ...]
+        [--previous serving_bench/results/layer-h200-2026-12-01-v14.json] [--floors targets|recorded] RUN_DIR ...
 
 Each RUN_DIR holds the results.json of one `python -m moe2cta.serving_bench --models MODEL --full` invocation
 (device_validate.sh's `layer-full` step writes one per model, so that a partial run keeps what finished). The
@@ -17,6 +17,14 @@ numbers of experts, so their samples differ by design. Both outputs also say how
 time, backend order, router) and what each backend is, as the per-model results.json files recorded it. Where a run
 timed a ceiling (backends.py: `dense-ceiling`, `expert-bmm-ceiling`), the Markdown ends with each layer's time over
 the ceiling's, cell by cell, with the SM clock each case's samples ran at.
+
+Floors: `--floors targets` (the default) restates every cell's floor, and its time / floor, with the ceilings the
+targets are defined with (4.24 TB/s, 792 TFLOP/s; shared/bench/peers-h200-2026-11-29.md), from what each results.json
+recorded: its model's shape, the ceilings its floors used and each rotation's floor (and experts hit, where recorded).
+Runs up to stop 51 used the ceilings measured at each start, whose matmul figure moved between 760 and 817 TFLOP/s
+from start to start, so their own ratios are not comparable with each other. `--floors recorded` keeps them.
+Cells are keyed by (model, routing distribution, tokens, backend); a cell given twice is an error, and where the runs
+hold more than one distribution each backend's summary is per distribution.
 """
 from __future__ import annotations
 
@@ -24,34 +32,105 @@ import argparse
 import json
 import math
 import pathlib
+import statistics
 
 DECODE_MAX_TOKENS = 512
 PREFILL_MIN_TOKENS = 2048
 SPREAD_MARK = 1.04  # p90 / p10 of a cell's samples above which its median is marked `~`
 CEILING_FAMILY = "ceiling"  # backends.BackendFamily.CEILING's value (this module reads JSON only)
+TARGET_BANDWIDTH = 4.24e12  # bytes/s: floors.DEFAULT_BANDWIDTH, the peers file's copy bandwidth
+TARGET_MATMUL_FLOPS = 792e12  # FLOP/s: floors.DEFAULT_MATMUL_FLOPS, the peers file's bf16 matmul
+FLOORS = ("targets", "recorded")
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def phase_of(tokens: int) -> str:
     return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill" if tokens >= PREFILL_MIN_TOKENS else "between"
 
 
-def load_cells(run_dirs) -> list[dict]:
-    """The ok-or-not cells of every results.json under run_dirs, in the combined format."""
-    cells = []
+def restated_floor_s(floor_s: float, flops: float, bytes_if_compute_bound: float, recorded: tuple[float, float],
+                     target: tuple[float, float] = (TARGET_BANDWIDTH, TARGET_MATMUL_FLOPS)) -> float:
+    """A floor recorded under the ceilings `recorded` (bytes/s, FLOP/s), restated under `target`. A floor above its
+    compute time was memory-bound: its bytes are floor * bandwidth. Otherwise the bytes are not in the floor, and
+    `bytes_if_compute_bound` (weights of the experts hit + activations, from the model and the experts hit) stands in."""
+    recorded_bw, recorded_flops = recorded
+    compute_s = flops / recorded_flops
+    moved = floor_s * recorded_bw if floor_s > compute_s * (1 + 1e-9) else bytes_if_compute_bound
+    return max(moved / target[0], flops / target[1])
+
+
+def _restater(run: dict, where: str):
+    """cell -> (floor_us, ratio) under the targets' ceilings, for the cells of one results.json."""
+    ceilings = run.get("ceilings") or {}
+    recorded = (ceilings.get("bandwidth_bytes_per_s"), ceilings.get("matmul_flops_per_s"))
+    models = {m["name"]: m for m in run.get("models") or [] if isinstance(m, dict) and "name" in m}
+    elem = _DTYPE_BYTES.get(run.get("dtype") or "bfloat16")
+    if not all(recorded) or not models or elem is None:
+        raise ValueError(f"run_dirs: {where} records no ceilings, model shapes or dtype to restate its floors under "
+                         "the targets' ceilings; pass --floors recorded to keep the run's own")
+
+    def restate(r: dict) -> tuple[float | None, float | None]:
+        model = models.get(r["model"])
+        if model is None:
+            raise ValueError(f"run_dirs: {where}: no shape recorded for model {r['model']!r}")
+        if not r.get("floor_us"):
+            return None, None
+        tokens, hidden, inter = int(r["tokens"]), model["hidden"], model["intermediate"]
+        flops = 2 * tokens * model["top_k"] * 3 * hidden * inter
+        per_expert = (3 * hidden * inter + ((2 * inter + hidden) if model.get("has_bias") else 0)) * elem
+        activations = 2 * tokens * hidden * elem
+        floors = r.get("rotation_floors_us") or [r["floor_us"]]
+        hits = r.get("rotation_experts_hit") or [r.get("experts_hit") or model["num_experts"]] * len(floors)
+        new = [restated_floor_s(f * 1e-6, flops, h * per_expert + activations, recorded) * 1e6
+               for f, h in zip(floors, hits)]
+        samples = r.get("samples_us") or []
+        if samples and r.get("rotation_floors_us"):
+            ratio = statistics.median(t / new[i % len(new)] for i, t in enumerate(samples))
+        else:
+            ratio = r["median_us"] / (sum(new) / len(new)) if r.get("median_us") else None
+        return sum(new) / len(new), ratio
+
+    return restate
+
+
+def load_cells(run_dirs, floors: str = "targets") -> list[dict]:
+    """The ok-or-not cells of every results.json under run_dirs, in the combined format, with floors and time / floor
+    under the targets' ceilings (floors="targets") or as each run recorded them ("recorded"). ValueError for a cell
+    (model, distribution, tokens, backend) that two runs hold."""
+    if floors not in FLOORS:
+        raise ValueError(f"floors: expected one of {FLOORS}, got {floors!r}")
+    cells, seen = [], {}
     for run_dir in run_dirs:
         path = pathlib.Path(run_dir) / "results.json"
         if not path.is_file():
             raise ValueError(f"run_dirs: {path} does not exist")
-        for r in json.loads(path.read_text())["results"]:
+        run = json.loads(path.read_text())
+        restate = _restater(run, str(path)) if floors == "targets" else None
+        for r in run["results"]:
             ratio = r.get("ratio")  # the run's time / floor (per sample over its rotation's floor, from v41 on)
             if not ratio and r.get("median_us") and r.get("floor_us"):
                 ratio = r["median_us"] / r["floor_us"]
-            cells.append({"model": r["model"], "tokens": int(r["tokens"]), "backend": r["backend"],
-                          "floor_us": r.get("floor_us"), "median_us": r.get("median_us"), "rel_err": r.get("rel_err"),
-                          "status": r["status"], "ratio": ratio, "phase": phase_of(int(r["tokens"])),
-                          "p10_us": r.get("p10_us"), "p90_us": r.get("p90_us"), "family": r.get("family"),
-                          "sm_mhz": r.get("sm_mhz"), "power_w": r.get("power_w")})
+            floor_us = r.get("floor_us")
+            if restate is not None:
+                floor_us, ratio = restate(r)
+            key = (r["model"], r.get("distribution", "uniform"), int(r["tokens"]), r["backend"])
+            if key in seen:
+                raise ValueError(f"run_dirs: {path} and {seen[key]} both hold the cell {key}")
+            seen[key] = path
+            cells.append({"model": r["model"], "distribution": key[1], "tokens": int(r["tokens"]),
+                          "backend": r["backend"], "floor_us": floor_us, "median_us": r.get("median_us"),
+                          "rel_err": r.get("rel_err"), "status": r["status"], "ratio": ratio,
+                          "phase": phase_of(int(r["tokens"])), "p10_us": r.get("p10_us"), "p90_us": r.get("p90_us"),
+                          "family": r.get("family"), "sm_mhz": r.get("sm_mhz"), "power_w": r.get("power_w")})
+    several = len({c["distribution"] for c in cells}) > 1
+    for c in cells:
+        c["series"] = f"{c['backend']} [{c['distribution']}]" if several else c["backend"]
     return cells
+
+
+def _series(cell: dict) -> str:
+    """What a summary row and a table column stand for: the backend, and its distribution where a run has several."""
+    return cell.get("series") or cell["backend"]
 
 
 def load_conditions(run_dirs) -> dict:
@@ -79,20 +158,22 @@ def conditions_lines(conditions: dict) -> list[str]:
     def values(key, unit=""):
         return " / ".join(f"{v}{unit}" for v in conditions.get(key, []))
 
+    floors = [f"- floors: {conditions['floors']}"] if conditions.get("floors") else []
     timing = [f"{label} {values(key, unit)}" for label, key, unit in (
         ("settle before each case's samples:", "settle_seconds", " s"), ("samples per case:", "target_seconds", " s"),
         ("backend order:", "backend_order", ""), ("router:", "router", "")) if conditions.get(key)]
-    lines = [f"- timing: {'; '.join(timing)}"] if timing else []
+    lines = floors + ([f"- timing: {'; '.join(timing)}"] if timing else [])
     if conditions.get("backends"):
         lines.append("- backends: " + "; ".join(f"`{n}` = {d}" for n, d in conditions["backends"].items()))
     return lines
 
 
 def summary(cells: list[dict]) -> dict:
-    """{backend: {"decode", "prefill", "all": geomean of time / floor; "worst": (ratio, model, tokens)}}."""
+    """{series (the backend, or "backend [distribution]" where the cells hold several): {"decode", "prefill", "all":
+    geomean of time / floor; "worst": (ratio, model, tokens)}}."""
     out = {}
-    for backend in dict.fromkeys(c["backend"] for c in cells):
-        ok = [c for c in cells if c["backend"] == backend and c["status"] == "ok" and c["ratio"]]
+    for backend in dict.fromkeys(_series(c) for c in cells):
+        ok = [c for c in cells if _series(c) == backend and c["status"] == "ok" and c["ratio"]]
         if not ok:
             continue
 
@@ -100,7 +181,7 @@ def summary(cells: list[dict]) -> dict:
             return math.exp(sum(math.log(c["ratio"]) for c in rows) / len(rows)) if rows else None
 
         worst = max(ok, key=lambda c: c["ratio"])
-        out[backend] = {"cells": (len(ok), sum(c["backend"] == backend for c in cells)),
+        out[backend] = {"cells": (len(ok), sum(_series(c) == backend for c in cells)),
                         "decode": geomean([c for c in ok if c["phase"] == "decode"]),
                         "prefill": geomean([c for c in ok if c["phase"] == "prefill"]),
                         "all": geomean(ok), "worst": (worst["ratio"], worst["model"], worst["tokens"])}
@@ -139,14 +220,14 @@ def markdown(run: str, cells: list[dict], previous: list[dict] | None = None, co
             row += (f" {_fmt(b['decode'])} / {_fmt(b['prefill'])} / {b['worst'][0]:.2f} |" if b else " - |")
         lines.append(row)
     backends = list(now)
-    old = {(c["model"], c["tokens"], c["backend"]): c for c in previous or []}
+    old = {(c["model"], c["tokens"], _series(c)): c for c in previous or []}
     lines += ["", "Cells: median us (time / floor). The floor is the mean over a cell's rotated inputs; time / floor is the "
               "median over the samples of each sample's time over the floor of the input it ran (runs that recorded "
               "it), so at small T it can differ from median / floor.",
               "", "| model | T | floor us | " + " | ".join(backends) + " |" + (" previous " + " / ".join(backends) + " |"
                                                                            if previous else ""),
               "|---|---|---|" + "---|" * len(backends) + ("---|" if previous else "")]
-    by_cell = {(c["model"], c["tokens"], c["backend"]): c for c in cells}
+    by_cell = {(c["model"], c["tokens"], _series(c)): c for c in cells}
     for model, tokens in dict.fromkeys((c["model"], c["tokens"]) for c in cells):
         floor = next(c["floor_us"] for c in cells if (c["model"], c["tokens"]) == (model, tokens))
         row = f"| {model} | {tokens} | {_fmt(floor, '.1f')} |"
@@ -217,6 +298,10 @@ def main(argv=None) -> int:
     parser.add_argument("--md", required=True, help="Markdown summary to write")
     parser.add_argument("--previous", default=None, help="a combined JSON of an earlier run, shown beside")
     parser.add_argument("--device", default="NVIDIA H200")
+    parser.add_argument("--floors", choices=FLOORS, default="targets",
+                        help="targets (default): every floor restated with the targets' ceilings, 4.24 TB/s and 792 "
+                             "TFLOP/s; recorded: the floors each run recorded (before stop 52: the ceilings measured "
+                             "at its start)")
     args = parser.parse_args(argv)
     try:
         for name in ("json", "md"):  # before the work: a bad output path is named, not a traceback after it
@@ -224,8 +309,11 @@ def main(argv=None) -> int:
             if path.is_dir():
                 raise ValueError(f"--{name}: {path} is a directory, expected a file path")
             path.parent.mkdir(parents=True, exist_ok=True)
-        cells = load_cells(args.run_dirs)
+        cells = load_cells(args.run_dirs, args.floors)
         conditions = load_conditions(args.run_dirs)
+        conditions["floors"] = (f"the targets' ceilings ({TARGET_BANDWIDTH / 1e12:.2f} TB/s, "
+                                f"{TARGET_MATMUL_FLOPS / 1e12:.0f} TFLOP/s)" if args.floors == "targets"
+                                else "as each run recorded them")
         previous = json.loads(pathlib.Path(args.previous).read_text())["results"] if args.previous else None
     except ValueError as exc:  # (json.JSONDecodeError too)
         parser.error(str(exc))

@@ -173,7 +173,8 @@ def _header_lines(bench: BenchResults) -> list[str]:
     lines = [
         f"device: {env.get('gpu')} ({env.get('capability', env['device'])}), torch {env['torch']}; "
         f"weights and activations {str(cfg.dtype).replace('torch.', '')}",
-        f"ceilings: {cfg.ceilings.describe()}",
+        f"floor ceilings: {cfg.ceilings.describe()}"
+        + (f"; measured at start: {cfg.measured_ceilings.describe()}" if cfg.measured_ceilings else ""),
         f"targets (moe2cta triton / cute / auto): {TARGETS.describe()}; '*' marks such a cell above its target",
         "routing distributions: " + "; ".join(f"{d.label} = {d.describe()}" for d in cfg.distributions),
         f"router: {cfg.router.describe()}",
@@ -269,6 +270,13 @@ def _json_summary(bench: BenchResults, name: str) -> dict:
     return summary
 
 
+def _ceilings_json(ceilings) -> dict | None:
+    if ceilings is None:
+        return None
+    return {"bandwidth_bytes_per_s": ceilings.bandwidth, "matmul_flops_per_s": ceilings.matmul_flops,
+            "source": ceilings.source.value}
+
+
 def results_json(bench: BenchResults) -> dict:
     cfg = bench.config
     results = []
@@ -281,8 +289,8 @@ def results_json(bench: BenchResults) -> dict:
         results.append(d)
     return {
         "environment": bench.environment,
-        "ceilings": {"bandwidth_bytes_per_s": cfg.ceilings.bandwidth, "matmul_flops_per_s": cfg.ceilings.matmul_flops,
-                     "source": cfg.ceilings.source.value},
+        "ceilings": _ceilings_json(cfg.ceilings),  # what the floors use
+        "measured_ceilings": _ceilings_json(cfg.measured_ceilings),  # the card's at start (None: not measured)
         "targets": _jsonable(TARGETS),
         "method": METHOD,
         "models": [_jsonable(p) | {"top_k": p.top_k} for p in cfg.models],

@@ -108,6 +108,7 @@ class CaseResult:
     power_w: float | None = None  # median board power over the same window (NVML's running average: lags it)
     # the floor of each rotated input's routing (floor_us is their mean); sample i ran rotation i % len
     rotation_floors_us: tuple[float, ...] = ()
+    rotation_experts_hit: tuple[int, ...] = ()  # experts each rotation's routing hit (floors under other ceilings)
 
     @property
     def ratio(self) -> float | None:
@@ -150,6 +151,7 @@ class RunConfig:
     dtype: torch.dtype = torch.bfloat16  # weights and activations
     order: BackendOrder = BackendOrder.SEQUENTIAL
     router: BenchRouter = BenchRouter.MODEL  # models holds the presets with this router's RoutingConfig
+    measured_ceilings: Ceilings | None = None  # this card's, measured at start (recorded; floors use `ceilings`)
 
     def __post_init__(self):
         if not self.models:
@@ -233,6 +235,7 @@ class _CaseData:
     load: LoadSummary
     reference: ReferenceRows
     rotation_floors_us: tuple[float, ...]
+    rotation_experts_hit: tuple[int, ...]
 
 
 def _seed(*parts) -> int:
@@ -260,7 +263,7 @@ def _make_case(preset, weights: ExpertWeights, tokens, dist, run: RunConfig) -> 
     floor_us = float(np.mean([f.us for f in floors]))
     bound = floors[0].bound
     return _CaseData(tokens, dist, inputs, float(np.mean(hits)), floor_us, bound, first_load, reference,
-                     tuple(f.us for f in floors))
+                     tuple(f.us for f in floors), tuple(int(h) for h in hits))
 
 
 class _DeviceLost(RuntimeError):
@@ -462,7 +465,8 @@ def _case_fields(preset, case: _CaseData, name: str, note: str) -> dict:
     """The CaseResult fields every result of (model, case, backend) shares, whatever its status."""
     return dict(model=preset.name, distribution=case.distribution.label, tokens=case.tokens, backend=name,
                 family=BACKENDS[name].family.value, experts_hit=case.experts_hit, floor_us=case.floor_us,
-                floor_bound=case.floor_bound, build_note=note, rotation_floors_us=case.rotation_floors_us)
+                floor_bound=case.floor_bound, build_note=note, rotation_floors_us=case.rotation_floors_us,
+                rotation_experts_hit=case.rotation_experts_hit)
 
 
 def _lost_case(preset, case: _CaseData, name: str, built: tuple, lost: str) -> CaseResult:

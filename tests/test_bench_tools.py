@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -373,7 +374,7 @@ def test_layer_runs_combines_per_model_runs(tmp_path):
                                              "median_us": 12.5, "status": "ok", "ratio": 1.25, "phase": "decode"}]}))
     out_json, out_md = tmp_path / "v.json", tmp_path / "v.md"
     assert layer_runs.main([str(a), str(b), "--run", "vX", "--json", str(out_json), "--md", str(out_md),
-                            "--previous", str(prev)]) == 0
+                            "--previous", str(prev), "--floors", "recorded"]) == 0
     cells = json.loads(out_json.read_text())["results"]
     assert len(cells) == 6 and {c["phase"] for c in cells} == {"decode", "prefill", "between"}
     s = layer_runs.summary(cells)["auto"]
@@ -391,6 +392,55 @@ def test_layer_runs_combines_per_model_runs(tmp_path):
     assert layer_runs.spread(cells[1]) == pytest.approx(1.01 / 0.99) and not layer_runs.marked(cells[0])
     with pytest.raises(ValueError, match="run_dirs: .*results.json does not exist"):
         layer_runs.load_cells([tmp_path / "missing"])
+    with pytest.raises(ValueError, match="records no ceilings, model shapes or dtype .*--floors recorded"):
+        layer_runs.load_cells([a])  # the targets' ceilings by default: this run recorded nothing to restate from
+    with pytest.raises(ValueError, match="both hold the cell \\('m1', 'uniform', 1, 'auto'\\)"):
+        layer_runs.load_cells([a, a], "recorded")
+
+
+def test_layer_runs_restates_floors_under_the_targets_ceilings(tmp_path):
+    """A run whose floors used a measured matmul ceiling (here 760 TFLOP/s, and a copy of 4.25 TB/s) restated at 792 /
+    4.24: a compute-bound cell's floor scales with the FLOP rate, a memory-bound one with the bandwidth, and each
+    sample's ratio is over its own rotation's restated floor. Routing distributions are kept apart."""
+    from moe2cta.serving_bench import layer_runs
+
+    hidden, inter, experts, top_k = 1024, 512, 16, 4
+    bw, flops_rate = 4.25e12, 760e12
+    per_expert = 3 * hidden * inter * 2
+
+    def floor_us(tokens, hit):
+        return max((hit * per_expert + 2 * tokens * hidden * 2) / bw, 2 * tokens * top_k * 3 * hidden * inter
+                   / flops_rate) * 1e6
+
+    small = [floor_us(4, 3), floor_us(4, 5)]  # memory-bound; the rotations hit 3 and 5 experts
+    big = floor_us(1 << 16, experts)  # compute-bound
+    assert big == pytest.approx(2 * (1 << 16) * top_k * 3 * hidden * inter / flops_rate * 1e6)
+    rows = [{"model": "m", "distribution": dist, "tokens": 4, "backend": "auto", "status": "ok",
+             "floor_us": sum(small) / 2, "median_us": 30.0, "samples_us": [20.0, 40.0, 22.0, 44.0],
+             "rotation_floors_us": small, "rotation_experts_hit": [3, 5], "experts_hit": 4.0}
+            for dist in ("uniform", "zipf")]
+    rows.append({"model": "m", "distribution": "uniform", "tokens": 1 << 16, "backend": "auto", "status": "ok",
+                 "floor_us": big, "median_us": 2 * big, "samples_us": [2 * big] * 3, "rotation_floors_us": [big],
+                 "experts_hit": float(experts)})  # (a run before rotation_experts_hit: the cell's mean stands in)
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps({
+        "ceilings": {"bandwidth_bytes_per_s": bw, "matmul_flops_per_s": flops_rate}, "dtype": "bfloat16",
+        "models": [{"name": "m", "hidden": hidden, "intermediate": inter, "num_experts": experts, "top_k": top_k,
+                    "has_bias": False}], "results": rows}))
+    recorded = {(c["distribution"], c["tokens"]): c for c in layer_runs.load_cells([d], "recorded")}
+    restated = {(c["distribution"], c["tokens"]): c for c in layer_runs.load_cells([d])}
+    assert restated["uniform", 1 << 16]["floor_us"] == pytest.approx(big * 760 / 792)
+    assert restated["uniform", 1 << 16]["ratio"] == pytest.approx(2 * 792 / 760)
+    assert recorded["uniform", 1 << 16]["ratio"] == pytest.approx(2.0)
+    new = [f * 4.25 / 4.24 for f in small]
+    assert restated["uniform", 4]["floor_us"] == pytest.approx(sum(new) / 2)
+    assert restated["uniform", 4]["ratio"] == pytest.approx(statistics.median(
+        [20 / new[0], 40 / new[1], 22 / new[0], 44 / new[1]]))
+    assert set(layer_runs.summary(list(restated.values()))) == {"auto [uniform]", "auto [zipf]"}
+    out_md = tmp_path / "v.md"
+    assert layer_runs.main([str(d), "--run", "v", "--json", str(tmp_path / "v.json"), "--md", str(out_md)]) == 0
+    assert "- floors: the targets' ceilings (4.24 TB/s, 792 TFLOP/s)" in out_md.read_text()
 
 
 def test_layer_runs_sets_each_layer_against_the_dense_ceiling(tmp_path):
@@ -408,7 +458,7 @@ def test_layer_runs_sets_each_layer_against_the_dense_ceiling(tmp_path):
          "status": "ok", "sm_mhz": mhz, "power_w": 690.0} for b, f, t, us, mhz in rows]
         + [{"model": "m", "tokens": 2048, "backend": "dense-ceiling", "family": "ceiling", "floor_us": 20.0,
             "status": "unsupported"}]}))
-    cells = layer_runs.load_cells([d])
+    cells = layer_runs.load_cells([d], "recorded")
     lines = layer_runs.ceiling_lines(cells)
     text = "\n".join(lines)
     assert "Against `dense-ceiling`" in text and "| model | T | dense-ceiling us (x floor) @ MHz | auto / ceiling @ MHz |" in text

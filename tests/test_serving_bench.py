@@ -582,7 +582,13 @@ def test_cli_runs_on_cpu(tmp_path, capsys):
     assert "No CUDA GPU" in printed and "balanced" in printed and "grouped-mm" in printed
     assert (out / "results.json").is_file() and (out / "report.md").is_file()
     assert "settle: each case replays untimed for 0.002 s" in (out / "report.md").read_text()
-    assert json.loads((out / "results.json").read_text())["timing"]["settle_seconds"] == 0.002
+    results = json.loads((out / "results.json").read_text())
+    assert results["timing"]["settle_seconds"] == 0.002
+    # floors at the targets' ceilings; nothing measured on the CPU; each rotation's experts hit, to restate floors
+    assert results["ceilings"]["matmul_flops_per_s"] == 792e12 and results["ceilings"]["bandwidth_bytes_per_s"] == 4.24e12
+    assert results["measured_ceilings"] is None
+    cell = results["results"][0]
+    assert len(cell["rotation_experts_hit"]) == len(cell["rotation_floors_us"]) >= 1
     assert main(["--list", "--device", "cpu"]) == 0
     assert "deepseek-v3" in capsys.readouterr().out
 
@@ -605,6 +611,13 @@ def test_cli_default_plan_on_cpu():
     assert settled.timing.settle_seconds == 0.5
     with pytest.raises(ValueError, match="--settle-seconds"):
         plan_from_args(build_parser().parse_args(["--device", "cpu", "--settle-seconds", "-1"]))
+    assert run.ceilings == DEFAULT_CEILINGS and run.measured_ceilings is None  # the targets' ceilings by default
+    with pytest.raises(ValueError, match="--floors measured: needs the ceilings measured on a CUDA device"):
+        plan_from_args(build_parser().parse_args(["--device", "cpu", "--floors", "measured"]))
+    with pytest.raises(ValueError, match="--floors measured: expected no --bandwidth-tbps"):
+        plan_from_args(build_parser().parse_args(["--device", "cpu", "--floors", "measured", "--peak-tflops", "800"]))
+    given, _ = plan_from_args(build_parser().parse_args(["--device", "cpu", "--peak-tflops", "800"]))
+    assert given.ceilings.matmul_flops == 800e12 and given.ceilings.source is CeilingSource.USER
 
 
 def test_bench_router_peer_is_the_peer_figures_routing(capsys):
