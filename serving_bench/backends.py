@@ -228,19 +228,25 @@ def _build_grouped_mm(preset: ModelPreset, weights: ExpertWeights):
 
 
 def _ceiling_operands(held: dict, rows: int, like: torch.Tensor, inputs: dict, outputs: dict) -> dict:
-    """A ceiling's operands for `rows`: made on the first call with that count (the timing's warm-up calls come before
-    its graph capture) and kept in `held` for the calls with it. inputs {name: shape}: N(0, 1) in that order from a
-    generator seeded with `rows`, never zeros, since on a power-capped card the data moves the clock; outputs
-    {name: shape}: empty."""
+    """A ceiling's operands for `rows` and the rotated input `like` (the layer's hidden states): made on the first call
+    with that input (the timing's warm-up calls come before its graph capture) and kept in `held` for the calls with
+    it, one set per rotated input, so that a ceiling's operands rotate as the layers' inputs do (one set alone would
+    stay in L2 where the layers' rotated inputs do not). inputs {name: shape}: N(0, 1) in that order from a generator
+    seeded with `rows` (and the set's number), never zeros, since on a power-capped card the data moves the clock;
+    outputs {name: shape}: empty."""
     if held.get("rows") != rows:
         held.clear()
-        gen = torch.Generator(device=like.device).manual_seed(rows)
         held["rows"] = rows
-        for name, shape in inputs.items():
-            held[name] = torch.randn(*shape, generator=gen, device=like.device, dtype=like.dtype)
-        for name, shape in outputs.items():
-            held[name] = torch.empty(*shape, device=like.device, dtype=like.dtype)
-    return held
+        held["sets"] = {}
+    sets = held["sets"]
+    key = like.data_ptr()
+    if key not in sets:
+        gen = torch.Generator(device=like.device).manual_seed(rows + 1_000_003 * len(sets))
+        ops = {name: torch.randn(*shape, generator=gen, device=like.device, dtype=like.dtype)
+               for name, shape in inputs.items()}
+        ops.update({name: torch.empty(*shape, device=like.device, dtype=like.dtype) for name, shape in outputs.items()})
+        sets[key] = ops
+    return sets[key]
 
 
 def _build_dense_ceiling(preset: ModelPreset, weights: ExpertWeights):

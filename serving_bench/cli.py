@@ -234,6 +234,9 @@ def plan_from_args(args: argparse.Namespace) -> tuple[RunConfig, list[str]]:
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if on_gpu else torch.float32)
     if not on_gpu and dtype is torch.float32 and not args.dtype:
         notes.append("CPU run in fp32 (bf16 matmuls are ~10x slower on CPUs without bf16 units); pass --dtype bf16 to force.")
+    if on_gpu and dtype is torch.float32 and not given:
+        notes.append("fp32 run: the floors' compute time is at the bf16 matmul rate, so fp32 cells read far above it; "
+                     "give --peak-tflops for an fp32 floor.")
     run = RunConfig(tuple(models), tuple(tokens), distributions, backends, device, ceilings, timing, trace,
                     args.seed, check_rows, dtype, BackendOrder(args.order), router, measured)
     if trace is not None and trace.token_budget > 1 << 17:

@@ -52,7 +52,8 @@ def restated_floor_s(floor_s: float, flops: float, bytes_if_compute_bound: float
                      target: tuple[float, float] = (TARGET_BANDWIDTH, TARGET_MATMUL_FLOPS)) -> float:
     """A floor recorded under the ceilings `recorded` (bytes/s, FLOP/s), restated under `target`. A floor above its
     compute time was memory-bound: its bytes are floor * bandwidth. Otherwise the bytes are not in the floor, and
-    `bytes_if_compute_bound` (weights of the experts hit + activations, from the model and the experts hit) stands in."""
+    `bytes_if_compute_bound` (weights of the experts hit + activations, from the model and the experts hit) stands
+    in."""
     recorded_bw, recorded_flops = recorded
     compute_s = flops / recorded_flops
     moved = floor_s * recorded_bw if floor_s > compute_s * (1 + 1e-9) else bytes_if_compute_bound

@@ -14,16 +14,18 @@ from .runner import BenchResults, CaseResult, CaseStatus, summarize_backend
 __all__ = ["terminal_report", "markdown_report", "results_json", "write_reports", "METHOD"]
 
 METHOD = (
-    "Each backend is first checked against an fp32 reference of the whole layer on every token row (or on sampled "
-    "rows with --check-rows N; tolerance: 2x the error of a same-dtype torch run), into memory filled with NaN; a "
-    "wrong backend is reported, not timed; after timing, the output of the timed graph replays is checked the same "
-    "way. GPU timing: warm-up, one CUDA graph "
+    "Each backend is first checked on every rotated input against an fp32 reference of the whole layer on every token "
+    "row (or on sampled rows with --check-rows N; tolerance: 2x the error of a same-dtype torch run over the rows, "
+    "and for each row 3x the same-dtype run's worst row), into memory filled with NaN; a wrong backend is reported, "
+    "not timed; after timing, each rotated input's timed graph replays once more alone and its output is checked the "
+    "same way. GPU timing: warm-up, one CUDA graph "
     "per rotated input (inputs rotated so they do not sit in L2; every preset's weights exceed L2), replayed "
     "round-robin between CUDA events; median and percentiles over replays. Backends run one after the other "
     "(sequential order, default) or, with the interleaved order, every cell replays all of its backends in the same "
-    "rounds (balanced orders). Backends that sync with the host "
-    "are timed eagerly with events. floor = max((bytes of the experts hit + activations) / copy bandwidth, "
-    "2*T*k*3*H*I / bf16 matmul peak), experts hit from the actual routing of the timed inputs: floor_us is the mean "
+    "rounds (balanced orders; the j-th backend of a round on rotated input (round + j) mod n). Backends that sync with "
+    "the host are timed eagerly with events. floor = max((bytes of the experts hit + activations) / bandwidth, "
+    "2*T*k*3*H*I / bf16 matmul rate), at the targets' ceilings (4.24 TB/s, 792 TFLOP/s) unless the run says "
+    "otherwise; experts hit from the actual routing of the timed inputs: floor_us is the mean "
     "over the rotated inputs, and time / floor the median over the samples of each sample's time over the floor of "
     "the input it ran."
 )

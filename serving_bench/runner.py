@@ -2,8 +2,9 @@
 
 For each model: weights are made once (one copy). Every case's inputs are made once and shared by all
 backends: rotated (hidden, router logits) pairs, the routing of each (benchmark twin) for the floor, and
-the fp32 reference rows of the first pair. Then the backends are built (each may prepack) and run on every
-case: correctness first (a wrong backend is reported and not timed), then the timing. A backend whose `applies`
+the fp32 reference rows of each pair. Then the backends are built (each may prepack) and run on every
+case: correctness first, on every rotated pair (a wrong backend is reported and not timed), then the timing, after
+which each rotation's timed graph replays once more and its output is checked again. A backend whose `applies`
 declines a cell is reported unsupported there; a ceiling (BackendFamily.CEILING: not a layer) is not checked.
 
 BackendOrder says how the backends share the card:
@@ -109,6 +110,7 @@ class CaseResult:
     # the floor of each rotated input's routing (floor_us is their mean); sample i ran rotation i % len
     rotation_floors_us: tuple[float, ...] = ()
     rotation_experts_hit: tuple[int, ...] = ()  # experts each rotation's routing hit (floors under other ceilings)
+    first_rotation: int = 0  # sample i ran rotation (first_rotation + i) % len(rotation_floors_us)
 
     @property
     def ratio(self) -> float | None:
@@ -118,7 +120,8 @@ class CaseResult:
             return None
         floors = self.rotation_floors_us
         if self.samples_us and floors and all(f > 0 for f in floors):
-            return float(np.median([t / floors[i % len(floors)] for i, t in enumerate(self.samples_us)]))
+            return float(np.median([t / floors[(self.first_rotation + i) % len(floors)]
+                                    for i, t in enumerate(self.samples_us)]))
         return self.median_us / self.floor_us
 
     @property
@@ -233,7 +236,7 @@ class _CaseData:
     floor_us: float
     floor_bound: str
     load: LoadSummary
-    reference: ReferenceRows
+    references: tuple[ReferenceRows, ...]  # one per rotated input
     rotation_floors_us: tuple[float, ...]
     rotation_experts_hit: tuple[int, ...]
 
@@ -246,7 +249,7 @@ def _make_case(preset, weights: ExpertWeights, tokens, dist, run: RunConfig) -> 
     device = run.device
     elem = torch.finfo(run.dtype).bits // 8
     bytes_per_input = tokens * (preset.hidden * elem + preset.num_experts * 4)
-    inputs, hits, floors = [], [], []
+    inputs, hits, floors, references = [], [], [], []
     for rot in range(rotation_count(bytes_per_input, run.timing)):
         seed = _seed(run.seed, preset.name, tokens, dist.label, rot)
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -256,13 +259,13 @@ def _make_case(preset, weights: ExpertWeights, tokens, dist, run: RunConfig) -> 
         load = summarize_load(routed.topk_ids, preset.num_experts)
         if rot == 0:
             first_load = load
-            reference = make_reference(hidden, weights, routed, preset.activation, max_rows=run.check_rows)
+        references.append(make_reference(hidden, weights, routed, preset.activation, max_rows=run.check_rows))
         hits.append(load.experts_hit)
         floors.append(moe_floor(preset, tokens, load.experts_hit, run.ceilings, elem_bytes=elem))
         inputs.append((hidden, logits))
     floor_us = float(np.mean([f.us for f in floors]))
     bound = floors[0].bound
-    return _CaseData(tokens, dist, inputs, float(np.mean(hits)), floor_us, bound, first_load, reference,
+    return _CaseData(tokens, dist, inputs, float(np.mean(hits)), floor_us, bound, first_load, tuple(references),
                      tuple(f.us for f in floors), tuple(int(h) for h in hits))
 
 
@@ -301,24 +304,35 @@ def _poison_free_memory(nbytes: int, device: torch.device) -> None:
         torch.full((-(-nbytes // 4),), float("nan"), dtype=torch.float32, device=device)
 
 
+def _worst(verdicts):
+    """The verdict of the rotation with the largest error for its tolerance."""
+    return max(verdicts, key=lambda v: v.rel_err / v.tolerance if v.rel_err == v.rel_err else float("inf"))
+
+
 def _check(fn, spec, preset, case: _CaseData, run: RunConfig, base: dict):
-    """The first call against the fp32 reference: (None, verdict) if it passed, else (CaseResult, None). The output
-    is NaN-filled before it is freed, so that no later backend's output can inherit its correct rows."""
-    try:
-        _poison_free_memory(2 * case.tokens * preset.hidden * torch.finfo(run.dtype).bits // 8, run.device)
-        out = fn(*case.inputs[0])
-        verdict = check_output(out, case.reference, case.tokens, preset.hidden)
-        if isinstance(out, torch.Tensor) and out.is_floating_point():
-            out.fill_(float("nan"))
-        del out
-    except Exception as exc:
-        if not _cuda_alive(run.device):
-            raise _DeviceLost(f"{spec.name} on {preset.name} T={case.tokens}: {_short(exc)}") from exc
-        return CaseResult(**base, status=CaseStatus.ERROR, reason=f"first call raised {_short(exc)}"), None
-    if verdict.status is CheckStatus.FAIL:
-        return CaseResult(**base, status=CaseStatus.WRONG, reason=verdict.reason, rel_err=verdict.rel_err,
-                          tolerance=verdict.tolerance), None
-    return None, verdict
+    """The first call on each rotated input against its fp32 reference: (None, the worst rotation's verdict) if all
+    passed, else (CaseResult, None) for the first that did not. Each output is NaN-filled before it is freed, so that
+    no later call's output can inherit its correct rows."""
+    verdicts = []
+    for rotation, args in enumerate(case.inputs):
+        try:
+            _poison_free_memory(2 * case.tokens * preset.hidden * torch.finfo(run.dtype).bits // 8, run.device)
+            out = fn(*args)
+            verdict = check_output(out, case.references[rotation], case.tokens, preset.hidden)
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                out.fill_(float("nan"))
+            del out
+        except Exception as exc:
+            if not _cuda_alive(run.device):
+                raise _DeviceLost(f"{spec.name} on {preset.name} T={case.tokens}: {_short(exc)}") from exc
+            return CaseResult(**base, status=CaseStatus.ERROR,
+                              reason=f"first call on rotated input {rotation} raised {_short(exc)}"), None
+        if verdict.status is CheckStatus.FAIL:
+            reason = verdict.reason if len(case.inputs) == 1 else f"rotated input {rotation}: {verdict.reason}"
+            return CaseResult(**base, status=CaseStatus.WRONG, reason=reason, rel_err=verdict.rel_err,
+                              tolerance=verdict.tolerance), None
+        verdicts.append(verdict)
+    return None, _worst(verdicts)
 
 
 def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) -> list[CaseResult]:
@@ -355,8 +369,15 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
             passed[name] = (fn, verdict, base)
     timings = {}
     if passed:
+        checked = {n for n, p in passed.items() if p[1] is not None}  # (ceilings are not checked)
+
+        def replay_check(name, rotation, output):
+            if name not in checked:
+                return None
+            return check_output(output, case.references[rotation], case.tokens, preset.hidden)
+
         timings = time_interleaved({n: p[0] for n, p in passed.items()}, case.inputs, run.device, run.timing,
-                                   {n: BACKENDS[n].graph_capture for n in passed})
+                                   {n: BACKENDS[n].graph_capture for n in passed}, check=replay_check)
     timed_with = tuple(passed)
     lost = None
     for name, (fn, verdict, base) in passed.items():
@@ -369,13 +390,14 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
                                        tolerance=None if verdict is None else verdict.tolerance,
                                        timed_with=timed_with)
             continue
-        if verdict is not None and timing.output is not None:  # what rotation 0's timed graph computes
-            replayed = check_output(timing.output, case.reference, case.tokens, preset.hidden)
-            if replayed.status is CheckStatus.FAIL:
-                results[name] = CaseResult(**base, status=CaseStatus.WRONG,
-                                           reason=f"timed graph replays: {replayed.reason}", rel_err=replayed.rel_err,
-                                           tolerance=replayed.tolerance, timed_with=timed_with)
-                continue
+        replays = [(r, v) for r, v in enumerate(timing.checks) if v is not None]  # what each timed graph computes
+        wrong = next(((r, v) for r, v in replays if v.status is CheckStatus.FAIL), None)
+        if wrong is not None:
+            where = "" if len(case.inputs) == 1 else f" of rotated input {wrong[0]}"
+            results[name] = CaseResult(**base, status=CaseStatus.WRONG, reason=f"timed graph replays{where}: "
+                                       f"{wrong[1].reason}", rel_err=wrong[1].rel_err, tolerance=wrong[1].tolerance,
+                                       timed_with=timed_with)
+            continue
         results[name] = CaseResult(
             **base,
             status=CaseStatus.OK,
@@ -390,6 +412,7 @@ def _run_cell(group: dict, preset, case: _CaseData, run: RunConfig, progress) ->
             rel_err=None if verdict is None else verdict.rel_err,
             tolerance=None if verdict is None else verdict.tolerance,
             samples_us=timing.samples_us,
+            first_rotation=timing.first_rotation,
             timed_with=timed_with,
             sm_mhz=None if timing.clock is None else timing.clock.sm_mhz,
             power_w=None if timing.clock is None else timing.clock.power_w,

@@ -8,11 +8,13 @@ CUDA (the method of issue 7):
 3. replay: the graphs run round-robin, each replay between two CUDA events; a GPU sleep kernel first lets
    the host queue the replays ahead, so the events measure GPU time, not launch gaps;
 4. samples: one per replay, in microseconds; median and percentiles are taken over them. Sample i ran rotated
-   input i % len(inputs) (TimingResult.rotations), so a caller can relate each sample to its own input;
-5. output: rotation 0's graph output is kept; after the rounds it is filled with NaN and that graph replays once
-   more, alone, and TimingResult.output holds what it wrote (NaN where it writes nothing), so that the caller can
-   check what the timed graph computes. (Read right after its own replay: the graphs share one pool, so another
-   rotation's replay may write its scratch over it.)
+   input (first_rotation + i) % len(inputs) (TimingResult.rotation_of), so a caller can relate each sample to its own
+   input;
+5. outputs: every rotation's graph output is kept (so that no later capture allocates over it); after the rounds
+   each is filled with NaN and its graph replays once more, alone, and the caller's `check(name, rotation, output)`
+   reads it right then (NaN where the graph writes nothing). Read right after its own replay: the graphs share one
+   pool, so another rotation's replay may write its scratch over it. TimingResult.checks holds what `check` returned
+   per rotation, and TimingResult.output rotation 0's output.
 Clock reading (`ClockReading.NVML`, the default on CUDA): NVML is read every 5 ms while a case's samples run, and the
 result carries the median SM clock and board power over that window (the same reading for every callable timed in the
 same rounds; none where the driver's NVML library is missing, or where the window held no reading). It says which
@@ -24,7 +26,9 @@ sustained load holds: on the power-capped H200 the first ~0.1 s after a rest run
 forward 10% faster), then the power cap sets in (results/stop44-h200-2026-12-04). Default 0: samples start right
 after the warm-up, and a short case's samples may fall on either clock.
 Several callables (the backends of one benchmark cell) are timed in the same rounds by `time_interleaved`: round r
-replays rotated input r of every callable, in orders of a balanced Latin square (each callable first equally often,
+replays rotated input (r + j) % n of the j-th callable (TimingResult.first_rotation = j % n: no two callables of a
+round run the same input, so that none finds the experts another just streamed in L2), in orders of a balanced Latin
+square (each callable first equally often,
 and after each other callable equally often), so that the card's clock drift falls on all of them alike. On a
 power-capped card each replay still inherits the clock its predecessor's power draw left (runner.BackendOrder says
 what that did on the H200). Each callable's graphs have their own memory pool, as when it is timed alone. One
@@ -116,9 +120,16 @@ class TimingResult:
     samples_us: tuple[float, ...]
     note: str = ""
     clock: ClockWindow | None = None  # SM clock and power while the samples ran (ClockReading.NVML)
-    rotations: int = 1  # sample i ran rotated input i % rotations
+    rotations: int = 1  # sample i ran rotated input (first_rotation + i) % rotations
     # CUDA graphs: rotation 0's output from one replay after the rounds (module docstring); else None
     output: object = dataclasses.field(default=None, repr=False, compare=False)
+    first_rotation: int = 0
+    # CUDA graphs with a `check`: its result for each rotation's output, read after the rounds (module docstring)
+    checks: tuple = dataclasses.field(default=(), repr=False, compare=False)
+
+    def rotation_of(self, sample: int) -> int:
+        """The rotated input sample `sample` ran."""
+        return (self.first_rotation + sample) % self.rotations
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(np.asarray(self.samples_us), q))
@@ -197,10 +208,12 @@ def time_interleaved(
     device: torch.device,
     config: TimingConfig = TimingConfig(),
     captures: dict[str, GraphCapture] | None = None,
+    check: Callable[[str, int, object], object] | None = None,
 ) -> dict[str, TimingResult | Exception]:
     """{name: TimingResult}: every fns[name](*inputs[i]) timed in the same rounds (module docstring), each with the
     same number of samples. A callable that raises (warm-up, capture fallback or replay) gets its exception in place
-    of a result and leaves the rounds; the others go on. captures: GraphCapture per name (default TRY)."""
+    of a result and leaves the rounds; the others go on. captures: GraphCapture per name (default TRY). check(name,
+    rotation, output): called on each graphed callable's output of each rotation, replayed alone after the rounds."""
     if not fns:
         raise ValueError("fns: expected at least one callable")
     if not inputs:
@@ -229,36 +242,44 @@ def time_interleaved(
         capture = captures.get(name, GraphCapture.TRY)
         runners[name], modes[name], notes[name], outputs[name] = _runners(fn, inputs, on_cuda, capture, pool)
     samples, clock = _rounds(runners, failed, config, on_cuda)
-    for name in list(runners):  # what rotation 0's graph writes, read right after its own replay
-        output = outputs.get(name)
-        if isinstance(output, torch.Tensor) and output.is_floating_point():
+    first_rotation = {name: j % len(inputs) for j, name in enumerate(runners)}  # (_sample_rounds' offsets)
+    checks = {}
+    for name in list(runners):  # what each rotation's graph writes, read right after its own replay
+        checks[name] = []
+        for rotation, output in enumerate(outputs.get(name) or ()):
+            if not (isinstance(output, torch.Tensor) and output.is_floating_point()):
+                continue
             try:
                 output.fill_(float("nan"))
-                runners[name][0]()
+                runners[name][rotation]()
                 torch.cuda.synchronize()
+                checks[name].append(check(name, rotation, output) if check is not None else None)
             except Exception as exc:
                 failed[name] = exc
+                break
     out: dict[str, TimingResult | Exception] = {}
     for name in fns:
+        kept = outputs.get(name) or (None,)
         out[name] = failed[name] if name in failed else TimingResult(
-            modes[name], tuple(samples[name]), notes[name], clock, len(inputs), outputs.get(name))
+            modes[name], tuple(samples[name]), notes[name], clock, len(inputs), kept[0], first_rotation[name],
+            tuple(checks.get(name, ())))
     return out
 
 
 def _runners(fn, inputs, on_cuda: bool, capture: GraphCapture, pool):
-    """(replay callables, one per rotated input; mode; note; rotation 0's graph output, None when not graphed)."""
+    """(replay callables, one per rotated input; mode; note; each rotation's graph output, None when not graphed)."""
     eager = [lambda args=args: fn(*args) for args in inputs]
     if not on_cuda:
         return eager, TimingMode.CPU_CLOCK, "", None
     if capture is GraphCapture.NEVER:
         return eager, TimingMode.CUDA_EVENTS, "backend syncs with the host; timed eagerly", None
     try:
-        graphs, output = _capture_graphs(fn, inputs, pool)
+        graphs, graph_outputs = _capture_graphs(fn, inputs, pool)
     except Exception as exc:  # a backend that syncs inside: time it eagerly, say so
         torch.cuda.synchronize()
         text = str(exc).splitlines()[0][:120] if str(exc) else ""
         return eager, TimingMode.CUDA_EVENTS, f"graph capture failed ({type(exc).__name__}: {text}); timed eagerly", None
-    return [g.replay for g in graphs], TimingMode.CUDA_GRAPH, "", output
+    return [g.replay for g in graphs], TimingMode.CUDA_GRAPH, "", graph_outputs
 
 
 def _rounds(runners: dict, failed: dict, config: TimingConfig, on_cuda: bool) -> tuple[dict[str, list[float]],
@@ -359,12 +380,13 @@ class _ClockRead:
 
 
 def _sample_rounds(runners: dict, rounds: int, on_cuda: bool, clock: _ClockRead | None = None) -> dict[str, list[float]]:
-    """{name: one sample in us per round}; round r runs runners[name][r % len] for every name, in the order of row r of
-    balanced_orders; CUDA: all rounds queued behind a GPU sleep, between CUDA events, and `clock` (if given) reads NVML
-    while they run; CPU: perf_counter around each call."""
+    """{name: one sample in us per round}; round r runs runners[name][(r + i) % len] for the i-th name, in the order
+    of row r of balanced_orders; CUDA: all rounds queued behind a GPU sleep, between CUDA events, and `clock` (if
+    given) reads NVML while they run; CPU: perf_counter around each call."""
     order = list(runners)
     squares = balanced_orders(len(order))
-    plan = [(order[i], runners[order[i]][r % len(runners[order[i]])]) for r in range(rounds)
+    # the i-th runner starts at its rotation i: no two runners of a round replay the same input (module docstring)
+    plan = [(order[i], runners[order[i]][(r + i) % len(runners[order[i]])]) for r in range(rounds)
             for i in squares[r % len(squares)]]
     if not on_cuda:
         samples = {name: [] for name in order}
@@ -400,9 +422,9 @@ def _sample_rounds(runners: dict, rounds: int, on_cuda: bool, clock: _ClockRead 
     return samples
 
 
-def _capture_graphs(fn, inputs, pool=None) -> tuple[list, object]:
-    """(one CUDA graph per rotated input, in one memory pool (`pool`, else a new one); the first graph's output, kept
-    so that no later capture allocates over it; the other outputs are dropped (scratch only))."""
+def _capture_graphs(fn, inputs, pool=None) -> tuple[list, list]:
+    """(one CUDA graph per rotated input, in one memory pool (`pool`, else a new one); each graph's output, kept so
+    that no later capture allocates over it)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -411,17 +433,16 @@ def _capture_graphs(fn, inputs, pool=None) -> tuple[list, object]:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     pool = pool if pool is not None else torch.cuda.graph_pool_handle()
-    graphs, first = [], None
+    graphs, outputs = [], []
     for args in inputs:
         graph = torch.cuda.CUDAGraph()
         with capture_cuda_graph(graph, pool=pool):  # a failed capture leaves the stream and torch's RNG as they were
             out = fn(*args)
         graphs.append(graph)
-        if first is None:
-            first = out
+        outputs.append(out)
         del out
     torch.cuda.synchronize()
-    return graphs, first
+    return graphs, outputs
 
 
 def _gpu_sleep(seconds: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
 
 import numpy as np
@@ -220,6 +221,50 @@ def test_check_catches_wrong_outputs():
     assert "shape" in check_output(good[:5], reference, 24, preset.hidden).reason
 
 
+def test_check_catches_a_fault_confined_to_one_row_of_many():
+    """One output row 20% off in 2048 moves the Frobenius error by ~0.2 / 45 of its norm: within the whole-output
+    tolerance, caught by the row bound (3x the same-dtype run's worst row), while a correct bf16 layer passes both."""
+    preset, weights, hidden, logits = _tiny_case(tokens=2048, dtype=torch.bfloat16)
+    reference = make_reference(hidden, weights, route_twin(logits, preset.routing), preset.activation)
+    good = BACKENDS["moe2cta-torch"].build(preset, weights)(hidden, logits)
+    assert check_output(good, reference, 2048, preset.hidden).status is CheckStatus.PASS
+    assert reference.row_tolerance >= 3 * reference.twin_row_err > 0
+    row = int(reference.rows[100])
+    bad = good.clone()
+    bad[row] *= 0.8
+    verdict = check_output(bad, reference, 2048, preset.hidden)
+    assert verdict.rel_err <= reference.tolerance  # the whole-output error alone would pass it
+    assert verdict.status is CheckStatus.FAIL and f"token row {row}:" in verdict.reason
+
+
+def _rotation_wrong_build(preset, weights):
+    """A layer that is right on the first input it is called with and wrong (zeros) on every other one."""
+    inner = BACKENDS["torch-loop"].build(preset, weights)
+    first = []
+
+    def forward(hidden, logits):
+        first.append(first[0] if first else hidden)
+        out = inner(hidden, logits)
+        return out if hidden is first[0] else torch.zeros_like(out)
+
+    return forward
+
+
+def test_every_rotated_input_is_checked(monkeypatch):
+    from moe2cta.serving_bench.runner import CaseStatus, RunConfig, run_benchmark
+
+    spec = BackendSpec("rot-wrong", BackendFamily.OURS, "wrong past rotation 0", GraphCapture.TRY,
+                       lambda device: (True, ""), _rotation_wrong_build)
+    monkeypatch.setitem(BACKENDS, "rot-wrong", spec)
+    run = RunConfig(models=(custom_preset(TINY),), sweep_tokens=(4,),
+                    distributions=(RoutingDistribution.parse("uniform"),), backends=("torch-loop", "rot-wrong"), device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS,
+                    timing=FAST_TIMING, dtype=torch.float32)
+    bench = run_benchmark(run)
+    by = {r.backend: r for r in bench.results}
+    assert by["torch-loop"].status is CaseStatus.OK
+    assert by["rot-wrong"].status is CaseStatus.WRONG and "rotated input 1" in by["rot-wrong"].reason
+
+
 def test_ambiguous_rows_are_left_out():
     preset, weights, hidden, logits = _tiny_case()
     logits[5] = 0.0  # all experts tie: ambiguous top-k
@@ -291,7 +336,9 @@ def test_dense_ceiling_times_compute_bound_cells_only(monkeypatch):
     hidden = torch.randn(5, 64)
     y = fn(hidden, torch.randn(5, 8))
     assert y.shape == (10, 64) and torch.isfinite(y).all() and y.abs().sum() > 0
-    assert fn(hidden, torch.randn(5, 8)) is y  # kept for the calls with this token count
+    assert fn(hidden, torch.randn(5, 8)) is y  # kept for the calls with this input
+    other = fn(torch.randn(5, 64), torch.randn(5, 8))  # another rotated input: operands of its own
+    assert other is not y and not torch.equal(other, y) and fn(hidden, torch.randn(5, 8)) is y
     assert fn(torch.randn(3, 64), torch.randn(3, 8)).shape == (6, 64)
     # a matmul rate at which T=64 is compute-bound and T=1 memory-bound
     ceilings = Ceilings(DEFAULT_CEILINGS.bandwidth, 1e13, CeilingSource.DEFAULT)
@@ -527,6 +574,8 @@ def test_interleaved_order_times_a_cells_backends_in_the_same_rounds(monkeypatch
     # the timed rounds alternate: each round runs both backends, starting with another one each time
     rounds = "".join(name[-1] for name in log)
     assert "abba" in rounds and "baab" in rounds
+    # and no two backends of a round run the same rotated input: log-b starts one rotation later
+    assert {r.backend: r.first_rotation for r in ok} == {"log-a": 0, "log-b": 1}
     assert "interleaved" in terminal_report(bench) and results_json(bench)["backend_order"] == "interleaved"
     assert "router: each model's own router" in terminal_report(bench) and results_json(bench)["router"] == "model"
     with pytest.raises(TypeError, match="order"):
@@ -823,8 +872,9 @@ def test_check_rows_all_by_default_and_checked():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_timing_returns_what_the_graph_replays_wrote():
-    """Rotation 0's graph output, after the rounds: NaN-filled, replayed once alone, it holds what that graph computes,
-    and rows it never writes are NaN (the other rotation's replays, sharing the pool, cannot leave values in them)."""
+    """Each rotation's graph output, after the rounds: NaN-filled, replayed once alone, it holds what that graph
+    computes, and rows it never writes are NaN (the other rotation's replays, sharing the pool, cannot leave values in
+    them); the check sees each right after its replay."""
     from moe2cta.serving_bench.timing import time_interleaved
 
     inputs = [(torch.randn(64, 32, device="cuda"),) for _ in range(2)]
@@ -834,13 +884,21 @@ def test_gpu_timing_returns_what_the_graph_replays_wrote():
         out[:32] = 2 * x[:32]
         return out
 
-    out = time_interleaved({"double": lambda x: 2 * x, "half": half}, inputs, torch.device("cuda"), FAST_TIMING)
+    out = time_interleaved({"double": lambda x: 2 * x, "half": half}, inputs, torch.device("cuda"), FAST_TIMING,
+                           check=lambda name, rotation, output: (rotation, output.clone()))
     for name in ("double", "half"):
         assert out[name].mode is TimingMode.CUDA_GRAPH and out[name].rotations == 2
+    assert (out["double"].first_rotation, out["half"].first_rotation) == (0, 1)
     x = inputs[0][0]
     assert torch.equal(out["double"].output, 2 * x)
     assert torch.equal(out["half"].output[:32], 2 * x[:32])
     assert out["half"].output[32:].isnan().all()
+    # every rotation's graph, replayed alone after the rounds, checked right then
+    for name in ("double", "half"):
+        assert [rotation for rotation, _ in out[name].checks] == [0, 1]
+        for rotation, seen in out[name].checks:
+            assert torch.equal(seen[:32], 2 * inputs[rotation][0][:32])
+    assert all(seen[32:].isnan().all() for _, seen in out["half"].checks)
 
 
 @pytest.mark.gpu
@@ -872,5 +930,6 @@ def test_gpu_bench_reports_a_backend_whose_graph_replays_are_wrong(monkeypatch):
     for tokens in (8, 600):
         assert by[("grouped-mm", tokens)].status is CaseStatus.OK, by[("grouped-mm", tokens)].reason
         wrong = by[("graph-wrong", tokens)]
-        assert wrong.status is CaseStatus.WRONG and wrong.reason.startswith("timed graph replays: relative error")
+        assert wrong.status is CaseStatus.WRONG
+        assert re.match(r"timed graph replays( of rotated input \d+)?: relative error", wrong.reason), wrong.reason
     assert len(by[("grouped-mm", 8)].rotation_floors_us) >= 1
