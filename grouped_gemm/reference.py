@@ -1,15 +1,33 @@
 """Torch twin of the grouped GEMMs over the padded expert-order layout (docs/design.md).
 
 For each local expert e, the valid rows are [row_offsets[e], row_offsets[e] + counts[e]). Rows outside
-every expert's valid range are left as they are in `out` (callers never read them). fp32 accumulation.
+every expert's valid range are left as they are in `out` (callers never read them). fp32 accumulation: the matmuls
+run at torch's "highest" fp32 precision whatever the process set (`fp32_matmuls`; "high" would run them in TF32 on a
+GPU, "medium" in bf16 on a CPU with bf16 units).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from .epilogue import Activation, apply_activation
 
-__all__ = ["grouped_gemm1_reference", "grouped_gemm2_reference"]
+__all__ = ["fp32_matmuls", "grouped_gemm1_reference", "grouped_gemm2_reference"]
+
+
+@contextlib.contextmanager
+def fp32_matmuls():
+    """fp32 matmuls at torch's "highest" precision inside, the process's setting restored after."""
+    precision = torch.get_float32_matmul_precision()
+    if precision == "highest":
+        yield
+        return
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
 
 
 def _valid_ranges(row_offsets: torch.Tensor, counts: torch.Tensor):
@@ -31,11 +49,12 @@ def grouped_gemm1_reference(
     intermediate = w13.shape[1] // 2
     if out is None:
         out = torch.zeros(a.shape[0], intermediate, dtype=a.dtype, device=a.device)
-    for e, start, n in _valid_ranges(row_offsets, counts):
-        h = a[start : start + n].float() @ w13[e].float().t()
-        if b13 is not None:
-            h = h + b13[e].float()
-        out[start : start + n] = apply_activation(h[:, :intermediate], h[:, intermediate:], activation).to(out.dtype)
+    with fp32_matmuls():
+        for e, start, n in _valid_ranges(row_offsets, counts):
+            h = a[start : start + n].float() @ w13[e].float().t()
+            if b13 is not None:
+                h = h + b13[e].float()
+            out[start : start + n] = apply_activation(h[:, :intermediate], h[:, intermediate:], activation).to(out.dtype)
     return out
 
 
@@ -51,11 +70,12 @@ def grouped_gemm2_reference(
     """a [max_rows, I], w2 [E, H, I] -> y [max_rows, H] in a.dtype; y[r] *= row_scale[r] when given."""
     if out is None:
         out = torch.zeros(a.shape[0], w2.shape[1], dtype=a.dtype, device=a.device)
-    for e, start, n in _valid_ranges(row_offsets, counts):
-        y = a[start : start + n].float() @ w2[e].float().t()
-        if b2 is not None:
-            y = y + b2[e].float()
-        if row_scale is not None:
-            y = y * row_scale[start : start + n].float().unsqueeze(1)
-        out[start : start + n] = y.to(out.dtype)
+    with fp32_matmuls():
+        for e, start, n in _valid_ranges(row_offsets, counts):
+            y = a[start : start + n].float() @ w2[e].float().t()
+            if b2 is not None:
+                y = y + b2[e].float()
+            if row_scale is not None:
+                y = y * row_scale[start : start + n].float().unsqueeze(1)
+            out[start : start + n] = y.to(out.dtype)
     return out

@@ -24,10 +24,10 @@ import os
 import sys
 import time
 
-from .presets import custom_preset, get_preset
+from .presets import model_preset
 from .validation import output_dir, output_file
 
-__all__ = ["build", "build_requests", "bundle_requests", "check_bundle", "main"]
+__all__ = ["build", "build_requests", "bundle_requests", "check_bundle", "main", "read_build_requests"]
 
 ARCHES = ("sm_90a", "sm_100a")
 FAMILY_MODULES = {"sm_90a": "moe2cta.grouped_gemm.sm90_grouped_gemm",
@@ -39,7 +39,7 @@ def build(model: str, arch: str, out_dir: str, keep_ptx: bool = False) -> list:
     """Compile and export every kernel of `model` for `arch` into out_dir; returns the library paths."""
     if arch not in ARCHES:
         raise ValueError(f"arch: expected one of {ARCHES}, got {arch!r}")
-    preset = custom_preset(model[len("custom:"):]) if model.startswith("custom:") else get_preset(model)
+    preset = model_preset(model)
     from moe2cta.grouped_gemm.cute_runtime import dsl_available
 
     if not dsl_available():
@@ -60,10 +60,25 @@ def build(model: str, arch: str, out_dir: str, keep_ptx: bool = False) -> list:
 def build_requests(requests_path: str, arch: str, out_dir: str, keep_ptx: bool = False) -> list:
     """Compile and export every kernel recorded in a requests file (cute_runtime.record_request) for `arch`;
     returns the library paths. Entries recorded for another arch are an error (the file names a target)."""
+    from moe2cta.grouped_gemm.cute_runtime import dsl_available
+
+    entries = read_build_requests(requests_path, arch)
+    if not dsl_available():
+        raise RuntimeError("build: the CuTe DSL (nvidia-cutlass-dsl) is needed to compile kernels")
+    module = importlib.import_module(FAMILY_MODULES[arch])
+    paths = module.compile_requests([e["request"] for e in entries], out_dir, keep_ptx=keep_ptx)
+    return [item[-1] if isinstance(item, tuple) else item for item in paths]
+
+
+def read_build_requests(requests_path: str, arch: str) -> list[dict]:
+    """The entries of a requests file to build for `arch`: ValueError where the file is missing, empty, or holds an
+    entry of another arch or of none."""
     if arch not in ARCHES:
         raise ValueError(f"arch: expected one of {ARCHES}, got {arch!r}")
-    from moe2cta.grouped_gemm.cute_runtime import dsl_available, read_requests
+    from moe2cta.grouped_gemm.cute_runtime import read_requests
 
+    if not isinstance(requests_path, str) or not requests_path:
+        raise ValueError(f"requests: expected the path of a requests file, got {requests_path!r}")
     if os.path.isdir(requests_path):
         raise ValueError(f"requests: {requests_path} is a directory; expected the requests file (a run with "
                          "MOE2CTA_KERNEL_REQUESTS=FILE writes it)")
@@ -72,14 +87,13 @@ def build_requests(requests_path: str, arch: str, out_dir: str, keep_ptx: bool =
     entries = read_requests(requests_path)
     if not entries:
         raise ValueError(f"requests: {requests_path} holds no kernel requests")
-    other = sorted({e["key"].get("arch") for e in entries} - {arch})
+    without = [number for number, e in enumerate(entries, 1) if not isinstance(e["key"].get("arch"), str)]
+    if without:
+        raise ValueError(f"requests: {requests_path}: entries {without} name no arch in their key")
+    other = sorted({e["key"]["arch"] for e in entries} - {arch})
     if other:
         raise ValueError(f"requests: {requests_path} also asks for kernels of {other}; build each arch with its --arch")
-    if not dsl_available():
-        raise RuntimeError("build: the CuTe DSL (nvidia-cutlass-dsl) is needed to compile kernels")
-    module = importlib.import_module(FAMILY_MODULES[arch])
-    paths = module.compile_requests([e["request"] for e in entries], out_dir, keep_ptx=keep_ptx)
-    return [item[-1] if isinstance(item, tuple) else item for item in paths]
+    return entries
 
 
 def bundle_requests(bundle_dir: str, out_file: str, exclude_dirs=()) -> int:
@@ -186,8 +200,12 @@ def main(argv=None) -> int:
         return 0
     start = time.time()
     try:
+        if args.requests is not None:  # what to build is checked before --out is made
+            read_build_requests(args.requests, args.arch)
+        else:
+            model_preset(args.model)
         output_dir(args.out, "--out")
-        if args.requests:
+        if args.requests is not None:
             paths = build_requests(args.requests, args.arch, args.out, args.keep_ptx)
         else:
             paths = build(args.model, args.arch, args.out, args.keep_ptx)

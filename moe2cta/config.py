@@ -122,6 +122,8 @@ class MoEConfig:
         object.__setattr__(self, "router_weight_on", _parse_enum(RouterWeightOn, self.router_weight_on, "router_weight_on"))
         if not isinstance(self.align, int) or isinstance(self.align, bool) or self.align < 1:
             raise ValueError(f"align: expected an int >= 1, got {self.align!r}")
+        if not isinstance(self.tile_heights, (tuple, list)):
+            raise TypeError(f"tile_heights: expected a tuple of ints >= 1, got {self.tile_heights!r}")
         heights = tuple(self.tile_heights)
         if not heights or any(not isinstance(h, int) or isinstance(h, bool) or h < 1 for h in heights):
             raise ValueError(f"tile_heights: expected a non-empty tuple of ints >= 1, got {self.tile_heights!r}")

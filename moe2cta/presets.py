@@ -6,7 +6,7 @@ import dataclasses
 from .router import RoutingConfig, Scoring
 from .grouped_gemm import Activation
 
-__all__ = ["ModelPreset", "PRESETS", "get_preset", "custom_preset"]
+__all__ = ["ModelPreset", "PRESETS", "get_preset", "custom_preset", "model_preset"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,18 +69,30 @@ def get_preset(name: str) -> ModelPreset:
     return PRESETS[key]
 
 
+def model_preset(model: str) -> ModelPreset:
+    """A preset by name (any case), or 'custom:H,I,E,k[,ACTIVATION[,bias]]' (custom_preset; the prefix in any case):
+    what the command lines' --model takes."""
+    if not isinstance(model, str):
+        raise TypeError(f"model: expected a preset name or 'custom:H,I,E,k[,...]', got {type(model).__name__}")
+    if model[:len("custom:")].lower() == "custom:":
+        return custom_preset(model[len("custom:"):])
+    return get_preset(model)
+
+
 def custom_preset(spec: str) -> ModelPreset:
     """'H,I,E,k' -> a softmax/renormalize SwiGLU preset named custom-H-I-E-k; 'H,I,E,k,ACTIVATION' picks the
     activation (an Activation value: swiglu, swiglu_oai, gelu_gated) and 'H,I,E,k,ACTIVATION,bias' adds w13 / w2
-    biases (a gpt-oss-120b kind of layer: 'H,I,E,k,swiglu_oai,bias')."""
-    fields = spec.split(",")
-    try:
-        hidden, inter, experts, top_k = (int(x) for x in fields[:4])
-    except ValueError:
-        raise ValueError(f"custom: expected 'H,I,E,k[,ACTIVATION[,bias]]' (four integers first), got {spec!r}") from None
+    biases (a gpt-oss-120b kind of layer: 'H,I,E,k,swiglu_oai,bias'). Spaces around a field are ignored; the
+    integers are plain digits, the activation and `bias` in any case."""
+    if not isinstance(spec, str):
+        raise TypeError(f"custom: expected a string 'H,I,E,k[,ACTIVATION[,bias]]', got {type(spec).__name__}")
+    fields = [field.strip() for field in spec.split(",")]
+    if len(fields) < 4 or not all(field.isascii() and field.isdigit() for field in fields[:4]):
+        raise ValueError(f"custom: expected 'H,I,E,k[,ACTIVATION[,bias]]' (four integers first), got {spec!r}")
+    hidden, inter, experts, top_k = (int(x) for x in fields[:4])
     if min(hidden, inter, experts, top_k) < 1 or top_k > experts:
         raise ValueError(f"custom: expected positive H, I, E and 1 <= k <= E, got {spec!r}")
-    if len(fields) > 6 or (len(fields) == 6 and fields[5] != "bias"):
+    if len(fields) > 6 or (len(fields) == 6 and fields[5].lower() != "bias"):
         raise ValueError(f"custom: expected 'H,I,E,k[,ACTIVATION[,bias]]', got {spec!r}")
     activation = Activation.SWIGLU
     if len(fields) >= 5:

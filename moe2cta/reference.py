@@ -2,8 +2,9 @@
 
 `moe_forward_reference` runs the product's pipeline (route -> dispatch -> gather -> grouped GEMM1 ->
 grouped GEMM2 -> combine) with the torch twins of each stage. `moe_reference` computes the same function
-directly per token and slot, in fp32 (or fp64), from (topk_weights, topk_ids): it is what every backend is
-checked against.
+directly per token and slot, in fp32 (or fp64: the activation too), from (topk_weights, topk_ids): it is what every
+backend is checked against. Both run their fp32 matmuls at torch's "highest" precision whatever the process set
+(TF32 would be a reference less exact than the kernels it checks).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import enum
 import torch
 
 from .grouped_gemm import Activation, apply_activation, grouped_gemm1_reference, grouped_gemm2_reference
+from .grouped_gemm.epilogue import gated_activation
+from .grouped_gemm.reference import fp32_matmuls
 from .router import RoutingConfig
 from .router.config import parse_enum
 from .router.reference import combine_reference, dispatch_reference, gather_reference, route_reference
@@ -49,14 +52,22 @@ def moe_reference(
     """
     activation = Activation.parse(activation)
     router_weight_on = RouterWeightOn.parse(router_weight_on)
-    num_tokens, top_k = topk_ids.shape
-    intermediate = w13.shape[1] // 2
+    num_tokens = topk_ids.shape[0]
     x = hidden.to(dtype)
     out = torch.zeros(num_tokens, w2.shape[1], dtype=dtype, device=hidden.device)
     ids = topk_ids.long()
     if expert_map is not None:
         ids = torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], torch.full_like(ids, -1))
     weights = topk_weights.to(dtype)
+    with fp32_matmuls():
+        _per_slot(out, x, w13, w2, weights, ids, activation, b13, b2, router_weight_on, dtype)
+    return out
+
+
+def _per_slot(out, x, w13, w2, weights, ids, activation, b13, b2, router_weight_on, dtype) -> None:
+    """moe_reference's sums into `out`, slot by slot in a fixed order."""
+    top_k = ids.shape[1]
+    intermediate = w13.shape[1] // 2
     for j in range(top_k):  # fixed slot order
         contrib = torch.zeros_like(out)
         for e in torch.unique(ids[:, j]).tolist():
@@ -69,7 +80,9 @@ def moe_reference(
             h = xe @ w13[e].to(dtype).t()
             if b13 is not None:
                 h = h + b13[e].to(dtype)
-            act = apply_activation(h[:, :intermediate], h[:, intermediate:], activation).to(dtype)
+            gate, up = h[:, :intermediate], h[:, intermediate:]
+            act = (gated_activation(gate, up, activation) if dtype == torch.float64  # fp64 throughout
+                   else apply_activation(gate, up, activation).to(dtype))  # the kernels' fp32 epilogue
             y = act @ w2[e].to(dtype).t()
             if b2 is not None:
                 y = y + b2[e].to(dtype)
@@ -77,7 +90,6 @@ def moe_reference(
                 y = y * weights[rows, j].unsqueeze(1)
             contrib[rows] = y
         out += contrib
-    return out
 
 
 def moe_forward_reference(
@@ -97,9 +109,17 @@ def moe_forward_reference(
     router_weight_on: RouterWeightOn = RouterWeightOn.OUTPUT,
     align: int = 128,
 ) -> torch.Tensor:
-    """The product's pipeline with torch twins at every stage; output in hidden.dtype."""
+    """The product's pipeline with torch twins at every stage; output in hidden.dtype. Routing comes either from
+    router_logits or from (topk_weights, topk_ids), both given."""
     activation = Activation.parse(activation)
     router_weight_on = RouterWeightOn.parse(router_weight_on)
+    if (topk_ids is None) != (topk_weights is None):
+        raise ValueError("topk_weights, topk_ids: expected both or neither, got "
+                         f"{'topk_ids' if topk_ids is not None else 'topk_weights'} alone")
+    if topk_ids is not None and router_logits is not None:
+        raise ValueError("router_logits: expected either router_logits or (topk_weights, topk_ids), got both")
+    if topk_ids is None and router_logits is None:
+        raise ValueError("router_logits: expected router_logits or (topk_weights, topk_ids), got neither")
     if topk_ids is None:
         topk_weights, topk_ids = route_reference(router_logits, routing, e_score_correction_bias)
     num_tokens, top_k = topk_ids.shape

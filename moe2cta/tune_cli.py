@@ -27,7 +27,7 @@ import time
 
 from . import planner, tuning
 from .grouped_gemm.budget import Arch
-from .presets import custom_preset, get_preset
+from .presets import model_preset
 from .validation import output_dir, output_file
 
 __all__ = ["DEFAULT_BUCKETS", "DEFAULT_TOP", "PlannedKernel", "plan_kernels", "build", "run", "main"]
@@ -39,7 +39,7 @@ DEFAULT_TOP = 6
 
 
 def _preset(model: str):
-    return custom_preset(model[len("custom:"):]) if model.startswith("custom:") else get_preset(model)
+    return model_preset(model)
 
 
 def gemm_shapes(preset) -> list[tuple[planner.GemmKind, int, int, dict]]:

@@ -86,7 +86,8 @@ def _restater(run: dict, where: str):
                for f, h in zip(floors, hits)]
         samples = r.get("samples_us") or []
         if samples and r.get("rotation_floors_us"):
-            ratio = statistics.median(t / new[i % len(new)] for i, t in enumerate(samples))
+            first = r.get("first_rotation") or 0  # (interleaved runs from stop 52 on: the backend's own offset)
+            ratio = statistics.median(t / new[(first + i) % len(new)] for i, t in enumerate(samples))
         else:
             ratio = r["median_us"] / (sum(new) / len(new)) if r.get("median_us") else None
         return sum(new) / len(new), ratio

@@ -108,3 +108,41 @@ def test_other_tools_name_their_bad_arguments(tmp_path, capsys):
 def test_python_m_moe2cta_runs_the_command():
     result = subprocess.run([sys.executable, "-m", "moe2cta", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "subcommands:" in result.stdout, result.stderr[-2000:]
+
+
+def test_aot_build_checks_what_it_builds_before_making_out(tmp_path, capsys):
+    """A mistyped model, an empty --requests or a requests file whose entry names no arch is named with exit status 2,
+    and --out is not made for it."""
+    out = tmp_path / "never"
+    assert "model: expected one of" in _exits(aot.main, ["build", "--model", "nope", "--arch", "sm_90a", "--out",
+                                                         str(out)], capsys)
+    assert "requests: expected the path of a requests file, got ''" in _exits(
+        aot.main, ["build", "--requests", "", "--arch", "sm_90a", "--out", str(out)], capsys)
+    requests = tmp_path / "mixed.jsonl"
+    requests.write_text(json.dumps({"stem": "a", "key": {"family": "sm90_grouped_gemm"}, "request": {}}) + "\n"
+                        + json.dumps({"stem": "b", "key": {"arch": "sm_100a"}, "request": {}}) + "\n")
+    assert "entries [1] name no arch in their key" in _exits(
+        aot.main, ["build", "--requests", str(requests), "--arch", "sm_90a", "--out", str(out)], capsys)
+    assert not out.exists()
+
+
+def test_model_names_and_custom_specs_on_the_command_lines():
+    from moe2cta.presets import custom_preset, model_preset
+
+    assert model_preset("Qwen3-30B-A3B").name == "qwen3-30b-a3b"
+    assert model_preset("Custom:256,128,16,4").name == "custom-256-128-16-4"
+    spaced = custom_preset(" 256, 128 ,16,4 , SwiGLU_OAI , BIAS ")
+    assert (spaced.name, spaced.has_bias) == ("custom-256-128-16-4-swiglu_oai-bias", True)
+    for bad in ("4_096,768,128,8", "+256,128,16,4", "256,128,16"):
+        with pytest.raises(ValueError, match="four integers first"):
+            custom_preset(bad)
+    with pytest.raises(TypeError, match="model: expected a preset name"):
+        model_preset(None)
+
+
+def test_moe_config_names_a_tile_heights_that_is_no_tuple():
+    from moe2cta.config import MoEConfig
+
+    for bad in (128, None, "128"):
+        with pytest.raises(TypeError, match="tile_heights: expected a tuple of ints >= 1"):
+            MoEConfig(None, tile_heights=bad)

@@ -434,3 +434,62 @@ def test_forward_low_precision_within_2x_of_torch(dtype):
             plain[t] += float(weights[t, j]) * (w2[e] @ a).float()
     torch_err = rel_err(plain.to(dtype), want)
     assert rel_err(out, want) <= 2 * torch_err + 1e-3
+
+
+@pytest.mark.parametrize("activation", list(Activation))
+def test_fp64_reference_is_fp64_throughout(activation):
+    """moe_reference(dtype=float64) against a per-token fp64 loop: fp64 round-off, not the fp32 epilogue's."""
+    from moe2cta.grouped_gemm.epilogue import gated_activation
+
+    gen = torch.Generator().manual_seed(5)
+    tokens, hidden, inter, experts, k = 12, 64, 32, 4, 2
+    x = torch.randn(tokens, hidden, generator=gen, dtype=torch.float64)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen, dtype=torch.float64) / 8
+    w2 = torch.randn(experts, hidden, inter, generator=gen, dtype=torch.float64) / 6
+    weights = torch.rand(tokens, k, generator=gen, dtype=torch.float64)
+    ids = torch.randint(0, experts, (tokens, k), generator=gen)
+    got = moe_reference(x, w13, w2, weights, ids, activation, dtype=torch.float64)
+    expected = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t in range(tokens):
+        for j in range(k):
+            h = w13[ids[t, j]] @ x[t]
+            expected[t] += weights[t, j] * (w2[ids[t, j]] @ gated_activation(h[:inter], h[inter:], activation))
+    assert float((got - expected).norm() / expected.norm()) < 1e-13
+
+
+def test_references_run_fp32_matmuls_at_highest_precision_whatever_the_process_set():
+    """A process that set "medium" (bf16 fp32 matmuls on a CPU with bf16 units, TF32 on a GPU) gets the same
+    reference as at "highest", and its setting back."""
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(32, 256, generator=gen)
+    w13 = torch.randn(4, 128, 256, generator=gen) / 16
+    w2 = torch.randn(4, 256, 64, generator=gen) / 8
+    logits = torch.randn(32, 4, generator=gen)
+    weights, ids = route_reference(logits, RoutingConfig(top_k=2))
+    routing = RoutingConfig(top_k=2)
+    exact = (moe_reference(x, w13, w2, weights, ids), moe_forward_reference(x, w13, w2, logits, routing))
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        assert torch.equal(moe_reference(x, w13, w2, weights, ids), exact[0])
+        assert torch.equal(moe_forward_reference(x, w13, w2, logits, routing), exact[1])
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_forward_reference_takes_one_routing():
+    x, w13, w2 = torch.randn(4, 64), torch.randn(2, 64, 64), torch.randn(2, 64, 32)
+    logits = torch.randn(4, 2)
+    weights, ids = route_reference(logits, RoutingConfig(top_k=1))
+    routing = RoutingConfig(top_k=1)
+    with pytest.raises(ValueError, match="topk_weights, topk_ids: expected both or neither, got topk_ids alone"):
+        moe_forward_reference(x, w13, w2, None, routing, topk_ids=ids)
+    with pytest.raises(ValueError, match="expected both or neither, got topk_weights alone"):
+        moe_forward_reference(x, w13, w2, logits, routing, topk_weights=weights)
+    with pytest.raises(ValueError, match="router_logits: expected either router_logits or .* got both"):
+        moe_forward_reference(x, w13, w2, logits, routing, topk_weights=weights, topk_ids=ids)
+    with pytest.raises(ValueError, match="router_logits: .* got neither"):
+        moe_forward_reference(x, w13, w2, None, routing)
+    torch.testing.assert_close(moe_forward_reference(x, w13, w2, None, routing, topk_weights=weights, topk_ids=ids),
+                               moe_forward_reference(x, w13, w2, logits, routing))
