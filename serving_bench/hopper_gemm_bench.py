@@ -12,7 +12,8 @@ Two steps, so that the GPU host needs no CuTe DSL compiler:
 bound 2x a same-dtype torch run's error + 1e-3; `--routings class_masked`: a launch given half the experts' counts,
 as one expert class's launch is, on the variants that take expert subsets, whose other rows must stay unwritten),
 then times GEMM1 / GEMM2 of model presets at a few token counts: CUDA-graph replay, median of many replays,
-inputs rotated over several copies so that L2 holds none of them; pair vs single work units and static vs dynamic
+inputs rotated over several copies, each with its own routing, so that L2 holds none of them (before stop 52 the copies
+shared one routing: at T=1 their 8 experts' weights, 25-50 MB, could stay in L2); pair vs single work units and static vs dynamic
 scheduler in the same run. A watchdog ends the process if one kernel call hangs (naming it).
 """
 from __future__ import annotations
@@ -39,6 +40,12 @@ except ImportError:  # a bare checkout (the GPU host): import grouped_gemm/ as a
     from grouped_gemm.budget import WorkUnit  # type: ignore[no-redef]
     from grouped_gemm.epilogue import Activation  # type: ignore[no-redef]
     from grouped_gemm.reference import grouped_gemm1_reference, grouped_gemm2_reference  # type: ignore[no-redef]
+
+# the floor's ceilings: the targets' (serving_bench/floors.py DEFAULT_BANDWIDTH / DEFAULT_MATMUL_FLOPS; kept here so
+# that a bare checkout runs this script)
+FLOOR_BANDWIDTH = 4.24e12
+FLOOR_MATMUL_FLOPS = 792e12
+QUEUE_SLEEP_CYCLES = 200_000  # ~0.1 ms of GPU sleep before each timed replay: the host's launch leaves the window
 
 Cfg = s90.Sm90GemmConfig
 Problem = s90.Sm90Problem
@@ -600,7 +607,8 @@ def capture_graph(fn, copies: int, stream=None):
 def time_interleaved(fns, copies: int, rounds: int, seed: int = 0) -> list[float]:
     """Median ms of one call per fn: one CUDA graph per fn holding `copies` calls (rotated inputs), the
     graphs replayed in `rounds` interleaved rounds (clocks drift with temperature and power over a run, and
-    interleaving gives every fn the same conditions), each round in its own order (a permutation drawn from
+    interleaving gives every fn the same conditions; each replay queued behind a short GPU sleep, so that its events
+    time the GPU, not the host's launch), each round in its own order (a permutation drawn from
     `seed`): in a fixed order a fn always follows the same neighbour, and one that follows a power-hungry
     kernel runs at lower clocks (the same CuTe kernel in first place, after dense cuBLAS, measured 1.5-6%
     slower than in sixth place: results/pair-ncu-h200-2026-11-29/)."""
@@ -614,6 +622,7 @@ def time_interleaved(fns, copies: int, rounds: int, seed: int = 0) -> list[float
         for g in order:
             graph = graphs[g]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(QUEUE_SLEEP_CYCLES)  # the GPU waits while the host launches: GPU time only
             start.record()
             graph.replay()
             end.record()
@@ -631,13 +640,14 @@ def run_bench(kdir, dog, tokens_list, pingpong=True) -> list:
         w13 = s90.prepack_w13(w13_public)
         w2 = (torch.randn(experts, hidden, inter, device=dev) / inter**0.5).to(torch.bfloat16)
         for tokens in tokens_list:
-            counts = make_counts("random", tokens, top_k, experts, gen)
+            copies = 4  # each with its own routing, so that at small T the copies' experts are not all L2-resident
+            counts_of = [make_counts("random", tokens, top_k, experts, gen) for _ in range(copies)]
             max_rows = tokens * top_k + experts * (ALIGN - 1)
-            ro = padded_layout(counts, max_rows).to(dev)
-            cn = counts.to(dev)
+            ros = [padded_layout(c, max_rows).to(dev) for c in counts_of]
+            cns = [c.to(dev) for c in counts_of]
+            counts, ro, cn = counts_of[0], ros[0], cns[0]  # copy 0: the one checked
             rows = int(counts.sum())
-            active = int((counts > 0).sum())
-            copies = 4
+            active = sum(int((c > 0).sum()) for c in counts_of) / copies  # (bytes: the mean over the copies)
             a1 = [torch.randn(max_rows, hidden, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
             a2 = [torch.randn(max_rows, inter, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
             o1 = torch.empty(max_rows, inter, device=dev, dtype=torch.bfloat16)
@@ -653,10 +663,10 @@ def run_bench(kdir, dog, tokens_list, pingpong=True) -> list:
                 if not name.startswith(model):
                     continue
                 if problem.kind is G1:
-                    fn = lambda i, cfg=cfg: s90.sm90_grouped_gemm1(a1[i], w13, ro, cn, Activation.SWIGLU, out=o1, config=cfg, kernel_directory=kdir)  # noqa: E731
+                    fn = lambda i, cfg=cfg: s90.sm90_grouped_gemm1(a1[i], w13, ros[i], cns[i], Activation.SWIGLU, out=o1, config=cfg, kernel_directory=kdir)  # noqa: E731
                     n, k, out_n = 2 * inter, hidden, inter
                 else:
-                    fn = lambda i, cfg=cfg: s90.sm90_grouped_gemm2(a2[i], w2, ro, cn, row_scale=rs, out=o2, config=cfg, kernel_directory=kdir)  # noqa: E731
+                    fn = lambda i, cfg=cfg: s90.sm90_grouped_gemm2(a2[i], w2, ros[i], cns[i], row_scale=rs, out=o2, config=cfg, kernel_directory=kdir)  # noqa: E731
                     n, k, out_n = hidden, inter, hidden
                 dog.arm(f"bench {name} T={tokens}", 2 * dog.seconds)
                 ms = time_graph(fn, copies)
@@ -671,7 +681,7 @@ def run_bench(kdir, dog, tokens_list, pingpong=True) -> list:
                 r = {"variant": name, "tokens": tokens, "rows": rows, "active_experts": active, "ms": ms, "err": err,
                      "ok": err < 1e-2,
                      "tflops": flops / ms / 1e9, "tbps": bytes_moved / ms / 1e9,
-                     "floor_ms": max(flops / 790e12, bytes_moved / 4.3e12) * 1e3}
+                     "floor_ms": max(flops / FLOOR_MATMUL_FLOPS, bytes_moved / FLOOR_BANDWIDTH) * 1e3}
                 results.append(r)
                 print(f"bench {name:36s} T={tokens:5d} rows {rows:6d} {ms * 1e3:9.1f} us "
                       f"{r['tflops']:7.1f} TFLOP/s {r['tbps']:6.2f} TB/s floor {r['floor_ms'] * 1e3:8.1f} us err {err:.1e}", flush=True)

@@ -12,7 +12,10 @@ kernel sum); GRAPH profiles replays of one CUDA graph of the forward, as the lay
 `--sustain-seconds S` each mode also runs its forwards back to back for S seconds and reports the time per forward
 over that window with the board power and SM clock sampled beside it (power.sustain): kernel sum against time per
 forward is what the launches and gaps add, and the clock says whether two modes ran at the same speed of the card.
-Needs a CUDA GPU.
+The sum is not additive where the layer launches a kernel as a programmatic dependent launch (the Triton decode path,
+the router): such a kernel starts early and its recorded time includes its wait for the one before, so the sum can
+exceed the forward's time. The profiled forwards reuse one input (no rotation): weights small enough for L2 may
+read faster than in the benchmark. Needs a CUDA GPU.
 """
 from __future__ import annotations
 

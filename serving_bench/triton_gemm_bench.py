@@ -46,8 +46,9 @@ MODEL_SHAPES = {
     "gpt-oss-120b": (2880, 2880, 128, 4),
 }
 ALIGN = 128
-BANDWIDTH = 4.3e12  # H200 device-to-device copy measured here (KINDS.md)
-MATRIX_RATE = 790e12  # H200 bf16 8192^3 matmul on random data measured here (KINDS.md)
+BANDWIDTH = 4.24e12  # the targets' copy bandwidth (serving_bench/floors.py DEFAULT_BANDWIDTH; 4.3e12 before stop 52)
+MATRIX_RATE = 792e12  # the targets' bf16 matmul rate (floors.py DEFAULT_MATMUL_FLOPS; 790e12 before stop 52)
+QUEUE_SLEEP_CYCLES = 200_000  # ~0.1 ms of GPU sleep before each timed replay: the host's launch leaves the window
 
 
 def _cfg(bm, bn, bk, warps, stages, group_m=8, pps=1, load=TileLoad.POINTER):
@@ -188,7 +189,8 @@ class Case:
 
 
 def time_graph(fn, replays: int = 20) -> float:
-    """Median seconds of one fn() from CUDA-graph replays (fn already warmed up)."""
+    """Median seconds of one fn() from CUDA-graph replays (fn already warmed up), each replay queued behind a short
+    GPU sleep so that its events time the GPU, not the host's launch (before stop 52 they included it)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -202,6 +204,7 @@ def time_graph(fn, replays: int = 20) -> float:
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(QUEUE_SLEEP_CYCLES)  # the GPU waits while the host launches: GPU time only
         start.record()
         graph.replay()
         end.record()

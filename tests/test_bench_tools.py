@@ -589,3 +589,14 @@ def test_l2_sides_probe_analysis_splits_by_latency_and_gpc():
         probe.load_side_map("no-such-map")
     with pytest.raises(ValueError, match="name: expected one of"):
         probe.builtin_side_map("gpc")
+
+
+def test_every_bench_tool_uses_the_targets_ceilings():
+    """The per-GEMM benches keep their own copies of the floor's ceilings (a bare checkout runs them): the same
+    figures as the layer benchmark's (before stop 52 two of them used 4.3 TB/s and 790 TFLOP/s)."""
+    from moe2cta.serving_bench import floors, hopper_gemm_bench, layer_runs, triton_gemm_bench
+
+    for bandwidth, rate in ((hopper_gemm_bench.FLOOR_BANDWIDTH, hopper_gemm_bench.FLOOR_MATMUL_FLOPS),
+                            (triton_gemm_bench.BANDWIDTH, triton_gemm_bench.MATRIX_RATE),
+                            (layer_runs.TARGET_BANDWIDTH, layer_runs.TARGET_MATMUL_FLOPS)):
+        assert (bandwidth, rate) == (floors.DEFAULT_BANDWIDTH, floors.DEFAULT_MATMUL_FLOPS)
