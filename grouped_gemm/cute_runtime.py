@@ -15,7 +15,9 @@ MOE2CTA_KERNEL_DIR (read when asked, never at import).
 Provenance: each manifest entry records the digest of the sources its kernel was built from (`kernel_sources_digest`:
 the family's module and every module of this package it imports, the loader excepted). `load_kernel` refuses a
 library whose entry is missing or names other sources, because a kernel fix that changes no key field would otherwise
-keep running the old code. Where the DSL is present the cache then compiles the kernel instead.
+keep running the old code. Where the DSL is present the cache then compiles the kernel instead. For an A/B of an older
+bundle beside a new one (a benchmark timing both), MOE2CTA_KERNEL_PROVENANCE=warn (read at each load) loads such a
+library with a RuntimeWarning instead.
 
 Kernel requests: where a kernel can be neither loaded nor compiled, and a requests file is named (argument, or
 MOE2CTA_KERNEL_REQUESTS read at call time), the cache appends one JSON line for it (family, configuration,
@@ -44,6 +46,10 @@ from typing import Callable
 
 __all__ = [
     "KERNEL_DIR_ENV",
+    "KERNEL_PROVENANCE_ENV",
+    "Provenance",
+    "provenance_policy",
+    "bundle_provenance_problem",
     "KERNEL_REQUESTS_ENV",
     "dataclass_from_json",
     "dataclass_to_json",
@@ -64,6 +70,7 @@ __all__ = [
 ]
 
 KERNEL_DIR_ENV = "MOE2CTA_KERNEL_DIR"
+KERNEL_PROVENANCE_ENV = "MOE2CTA_KERNEL_PROVENANCE"
 KERNEL_REQUESTS_ENV = "MOE2CTA_KERNEL_REQUESTS"
 MANIFEST_NAME = "manifest.json"
 
@@ -411,22 +418,44 @@ def _package_version() -> str:
         return "unknown"
 
 
+class Provenance(enum.Enum):
+    """What load_kernel does with a library whose manifest entry is missing or names other kernel sources."""
+
+    CHECK = "check"  # refuse it (BundleKernelError): the default
+    WARN = "warn"  # load it with a RuntimeWarning (an A/B of an older bundle beside a new one)
+
+
+def provenance_policy() -> Provenance:
+    """$MOE2CTA_KERNEL_PROVENANCE, read now: "check" (also when unset or empty) or "warn"."""
+    value = os.environ.get(KERNEL_PROVENANCE_ENV) or Provenance.CHECK.value
+    try:
+        return Provenance(value.strip().lower())
+    except ValueError:
+        raise ValueError(f"${KERNEL_PROVENANCE_ENV}: expected one of {[p.value for p in Provenance]}, "
+                         f"got {value!r}") from None
+
+
 _MANIFESTS: dict = {}  # manifest path -> ((inode, mtime_ns, size), parsed manifest)
 
 
-def _manifest_entry(directory: pathlib.Path, stem: str) -> dict | None:
-    """The manifest entry of `stem` in `directory` (parsed once per manifest version), None when there is none."""
-    path = directory / MANIFEST_NAME
+def _cached_manifest(directory: pathlib.Path) -> dict:
+    """read_manifest(directory), parsed once per version of the file ({} when there is none)."""
+    path = pathlib.Path(directory) / MANIFEST_NAME
     try:
         stat = path.stat()
     except FileNotFoundError:
-        return None
+        return {}
     version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
     cached = _MANIFESTS.get(str(path))
     if cached is None or cached[0] != version:
         cached = (version, read_manifest(directory))
         _MANIFESTS[str(path)] = cached
-    return cached[1].get(stem)
+    return cached[1]
+
+
+def _manifest_entry(directory: pathlib.Path, stem: str) -> dict | None:
+    """The manifest entry of `stem` in `directory`, None when there is none."""
+    return _cached_manifest(directory).get(stem)
 
 
 def provenance_problem(key: "KernelKey", directory: pathlib.Path) -> str | None:
@@ -449,6 +478,25 @@ def provenance_problem(key: "KernelKey", directory: pathlib.Path) -> str | None:
         return (f"it was built from other kernel sources (digest {str(recorded)[:12]}, moe2cta {built_by}) than this "
                 f"moe2cta runs ({expected[:12]}, moe2cta {_package_version()}), so its code may differ")
     return None
+
+
+def bundle_provenance_problem(directory: pathlib.Path, family: str) -> str | None:
+    """Why the bundle `directory` can serve no `family` kernel to this moe2cta (it holds none, or none built from this
+    version's kernel sources), or None. What a layer's backend check asks before it plans the CuTe path without the
+    DSL; under Provenance.WARN only a bundle without any `family` kernel is refused."""
+    try:
+        manifest = _cached_manifest(directory)
+    except (OSError, ValueError) as error:
+        return f"the bundle {directory}'s manifest cannot be read ({error})"
+    entries = [e for e in manifest.values() if isinstance(e.get("key"), dict) and e["key"].get("family") == family]
+    if not entries:
+        return f"the bundle {directory} holds no {family} kernel"
+    expected = kernel_sources_digest(family)
+    if (expected is None or provenance_policy() is Provenance.WARN
+            or any(e.get("kernel_sources") == expected for e in entries)):
+        return None
+    return (f"the bundle {directory} was built from other kernel sources than this moe2cta's (rebuild it with "
+            f"{_build_hint(entries[0]['key'].get('arch', 'ARCH'), directory)})")
 
 
 _manifest_lock = threading.Lock()
@@ -595,8 +643,11 @@ def load_kernel(key: KernelKey, directory: str | os.PathLike) -> Callable:
         )
     stale = provenance_problem(key, path.parent)
     if stale is not None:
-        raise BundleKernelError(
-            f"load_kernel: {path} is not loaded: {stale}. Build it again with {_build_hint(key.arch, path.parent)}")
+        if provenance_policy() is Provenance.CHECK:
+            raise BundleKernelError(f"load_kernel: {path} is not loaded: {stale}. Build it again with "
+                                    f"{_build_hint(key.arch, path.parent)}")
+        warnings.warn(f"load_kernel: {path}: {stale}; loaded anyway (${KERNEL_PROVENANCE_ENV}=warn)", RuntimeWarning,
+                      stacklevel=2)
     try:
         import tvm_ffi  # lazy: only the runtime needs it
     except ImportError as exc:
@@ -675,6 +726,18 @@ class KernelCache:
             self._kernels[key] = kernel
             return kernel
 
+    def _record(self, key: KernelKey, request) -> str:
+        """Record the kernel in the requests file (when one is named): ' Recorded in ...' or why not, else ''."""
+        path = requests_file(self._requests)
+        if path is None or request is None:
+            return ""
+        try:
+            record_request(path, key, request())
+        except (OSError, ValueError) as exc:
+            return f" Could not record it in the requests file {path} (${KERNEL_REQUESTS_ENV}): {exc}."
+        return (f" Recorded in {path}: `python -m moe2cta.aot build --requests {path} --arch {key.arch} "
+                "--out DIR` builds every kernel recorded there.")
+
     def _make(self, key: KernelKey, compile_fn, request=None) -> Callable:
         directory = kernel_dir(self._directory)
         bundle_file = directory / f"{key.file_stem()}.so" if directory is not None else None
@@ -685,20 +748,13 @@ class KernelCache:
                 return load_kernel(key, directory)
             except BundleKernelError as exc:
                 if not can_jit:
-                    raise
+                    recorded = self._record(key, request)
+                    raise BundleKernelError(f"{exc}{recorded}") from exc
                 warnings.warn(f"{exc}; compiling it with the CuTe DSL instead", RuntimeWarning, stacklevel=3)
         if can_jit:
             return compile_fn()
         where = bundle_dir_problem(directory) or f"{bundle_file} does not exist{other_version_note(key, directory)}"
-        recorded = ""
-        path = requests_file(self._requests)
-        if path is not None and request is not None:
-            try:
-                record_request(path, key, request())
-                recorded = (f" Recorded in {path}: `python -m moe2cta.aot build --requests {path} --arch {key.arch} "
-                            "--out DIR` builds every kernel recorded there.")
-            except (OSError, ValueError) as exc:
-                recorded = f" Could not record it in the requests file {path} (${KERNEL_REQUESTS_ENV}): {exc}."
+        recorded = self._record(key, request)
         raise RuntimeError(
             f"no way to get kernel {key.file_stem()}: the CuTe DSL (nvidia-cutlass-dsl) is not installed here and "
             f"{where}. Build a bundle on a machine with the DSL (no GPU needed): "

@@ -18,16 +18,33 @@ __all__ = ["fp32_matmuls", "grouped_gemm1_reference", "grouped_gemm2_reference"]
 
 @contextlib.contextmanager
 def fp32_matmuls():
-    """fp32 matmuls at torch's "highest" precision inside, the process's setting restored after."""
-    precision = torch.get_float32_matmul_precision()
+    """fp32 matmuls at torch's "highest" precision inside, the process's setting restored after. A process that set
+    the per-backend switches (torch >= 2.9: `torch.backends.cuda.matmul.fp32_precision = "tf32"`; torch then refuses
+    the global query) gets each of them set to "ieee" and restored. The setting is process-wide: two threads inside
+    at once may leave the other's matmuls at the process's precision."""
+    try:
+        precision = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the new per-backend API is in use
+        precision = None
     if precision == "highest":
         yield
         return
-    torch.set_float32_matmul_precision("highest")
+    if precision is not None:
+        torch.set_float32_matmul_precision("highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(precision)
+        return
+    switches = [b.matmul for b in (torch.backends.cuda, torch.backends.mkldnn) if hasattr(b, "matmul")]
+    saved = [s.fp32_precision for s in switches]
     try:
+        for switch in switches:
+            switch.fp32_precision = "ieee"
         yield
     finally:
-        torch.set_float32_matmul_precision(precision)
+        for switch, value in zip(switches, saved):
+            switch.fp32_precision = value
 
 
 def _valid_ranges(row_offsets: torch.Tensor, counts: torch.Tensor):

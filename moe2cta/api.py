@@ -200,7 +200,11 @@ def _layer_support(
         if runtime is None:
             return False, f"{name}: {reason}"
         if not runtime.dsl_available():
-            problem = runtime.bundle_dir_problem(runtime.kernel_dir())
+            directory = runtime.kernel_dir()
+            problem = runtime.bundle_dir_problem(directory)
+            if problem is None:  # a bundle this version cannot load from (another version's sources, another arch)
+                family = getattr(module, "FAMILY", module.__name__.rsplit(".", 1)[-1])
+                problem = runtime.bundle_provenance_problem(directory, family)
             if problem is not None:
                 return False, f"{name}: neither the CuTe DSL compiler nor a kernel bundle is available ({problem})"
     # Both GPU backends route, dispatch, gather and combine with the Triton router kernels.

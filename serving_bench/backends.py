@@ -227,6 +227,9 @@ def _build_grouped_mm(preset: ModelPreset, weights: ExpertWeights):
 # --- dense ceiling ---------------------------------------------------------------------------------
 
 
+MAX_CEILING_SETS = 8  # a case's rotated inputs at most (TimingConfig.max_rotation)
+
+
 def _ceiling_operands(held: dict, rows: int, like: torch.Tensor, inputs: dict, outputs: dict) -> dict:
     """A ceiling's operands for `rows` and the rotated input `like` (the layer's hidden states): made on the first call
     with that input (the timing's warm-up calls come before its graph capture) and kept in `held` for the calls with
@@ -240,6 +243,8 @@ def _ceiling_operands(held: dict, rows: int, like: torch.Tensor, inputs: dict, o
         held["sets"] = {}
     sets = held["sets"]
     key = like.data_ptr()
+    if key not in sets and len(sets) >= MAX_CEILING_SETS:  # (cells of equal rows: another case's inputs, not kept)
+        sets.clear()
     if key not in sets:
         gen = torch.Generator(device=like.device).manual_seed(rows + 1_000_003 * len(sets))
         ops = {name: torch.randn(*shape, generator=gen, device=like.device, dtype=like.dtype)

@@ -18,6 +18,7 @@ import enum
 import torch
 
 from moe2cta.grouped_gemm import Activation, apply_activation
+from moe2cta.grouped_gemm.reference import fp32_matmuls
 
 __all__ = ["CheckStatus", "Verdict", "sample_rows", "moe_rows", "ReferenceRows", "make_reference", "check_output"]
 
@@ -122,13 +123,9 @@ def make_reference(hidden, weights, routed, activation: Activation, *, max_rows:
     if rows.numel() == 0:
         raise ValueError("hidden: every sampled row has an ambiguous top-k; use another seed")
     args = (weights.w13, weights.w2, routed.topk_weights[rows], routed.topk_ids[rows], activation, weights.b13, weights.b2)
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")  # an fp32 reference must not run in TF32
-    try:
+    with fp32_matmuls():  # an fp32 reference must not run in TF32
         expected = moe_rows(hidden[rows], *args, compute_dtype=torch.float32)
         twin = moe_rows(hidden[rows], *args, compute_dtype=hidden.dtype)
-    finally:
-        torch.set_float32_matmul_precision(precision)
     twin_err = _rel_err(twin, expected)
     floor = MIN_TOLERANCE.get(hidden.dtype, 2e-3)
     tolerance = max(TOLERANCE_FACTOR * twin_err, floor)

@@ -20,6 +20,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/moe2ct
 source .bundle/rt/activate.sh
 export PYTHONPATH=/tmp/moe2cta-site:$PYTHONPATH PYTHONUNBUFFERED=1
 export MOE2CTA_KERNEL_DIR=$PWD/.kernels/bundle-sm90
+(cd /tmp && python3 -m moe2cta aot check "$MOE2CTA_KERNEL_DIR" > "$res/aot-check.txt" 2>&1) \
+    || { echo "aot check failed: $(tail -1 "$res/aot-check.txt")"; pack; exit 1; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$res/gpu.txt"
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')

@@ -24,6 +24,9 @@ kdir=$PWD/${KERNELS:-.kernels/all-sm90}
 # --arch sm_90a --out DIR` here builds exactly them for the next call
 export MOE2CTA_KERNEL_DIR=$kdir MOE2CTA_TUNING_CACHE=$out/tuning.json MOE2CTA_KERNEL_REQUESTS=$out/kernel-requests.jsonl
 repo=$PWD
+# the bundle's provenance first: every kernel built from the wheel's kernel sources (else the layer refuses CUTE)
+(cd /tmp && python3 -m moe2cta aot check "$kdir" > "$out/aot-check.txt" 2>&1) \
+    || { echo "=== aot check failed: $(tail -1 "$out/aot-check.txt")"; exit 1; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$out/gpu.txt"
 step() {  # step NAME SECONDS COMMAND...: run, log, print the tail
     local name=$1 limit=$2; shift 2
@@ -215,7 +218,9 @@ checks)  # every check variant (regular, swapped, ping-pong) over the four routi
 prefill-gemm)  # prefill-size GEMMs of every model: CuTe bundles side by side (EXTRA_BUNDLES='label=dir ...' beside $kdir),
     # the Triton default and dense cuBLAS on the same total shape; PREFILL_CLASSES: expert-class schemes too
     base=(); for b in ${EXTRA_BUNDLES:-}; do base+=(--bundle "${b%%=*}=$repo/${b#*=}"); done
+    # (an older bundle beside the new one was built from other kernel sources: loaded with a warning, not refused)
     # shellcheck disable=SC2086
+    MOE2CTA_KERNEL_PROVENANCE=${EXTRA_BUNDLES:+warn} \
     step "prefill-gemm${PREFILL_SUFFIX:-}" 400 python3 -m moe2cta.serving_bench.prefill_gemm_bench "${base[@]}" --bundle "new=$kdir" \
         --tokens ${PREFILL_TOKENS:-2048 8192} --variants ${PREFILL_VARIANTS:-default} --routing ${PREFILL_ROUTING:-random} \
         --padding ${PREFILL_PADDING:-random} ${PREFILL_CLASSES:+--expert-classes $PREFILL_CLASSES} \

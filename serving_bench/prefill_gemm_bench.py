@@ -563,23 +563,33 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
     # check every candidate first, then capture one graph per candidate and replay them in interleaved
     # rounds (candidate A, B, C, A, B, C, ...): clocks drift with temperature and power over a run, and
     # interleaving gives every candidate the same conditions (median per candidate)
-    errors = {}
+    errors, raised = {}, {}
     for label, gemm, fn in candidates:
         dog.arm(f"{preset.name} T={tokens} {label} {gemm}", 4 * dog.seconds)
-        if profile:
-            fn(0)
+        try:
+            if profile:
+                fn(0)
+                torch.cuda.synchronize()
+                continue
+            if (label, gemm) in custom_checks:
+                errors[(label, gemm)] = custom_checks[label, gemm]()
+            elif not label.startswith(("dense", "gather", "row-weights")):
+                out = o1 if gemm == "gemm1" else o2
+                out.fill_(float("nan"))
+                fn(0)
+                torch.cuda.synchronize()
+                errors[(label, gemm)] = _rel_err(out[check_rows], ref1 if gemm == "gemm1" else ref2)
+        except Exception as exc:  # (a kernel a bundle cannot serve, say): that candidate out, the rest timed
             torch.cuda.synchronize()
-            continue
-        if (label, gemm) in custom_checks:
-            errors[(label, gemm)] = custom_checks[label, gemm]()
-        elif not label.startswith(("dense", "gather", "row-weights")):
-            out = o1 if gemm == "gemm1" else o2
-            out.fill_(float("nan"))
-            fn(0)
-            torch.cuda.synchronize()
-            errors[(label, gemm)] = _rel_err(out[check_rows], ref1 if gemm == "gemm1" else ref2)
+            text = str(exc).strip()
+            raised[(label, gemm)] = f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+            print(f"{preset.name:16s} T={tokens:6d} {gemm} {label:30s} not timed: {raised[label, gemm]}", flush=True)
     if profile:
         return []
+    failed = [{"model": preset.name, "tokens": tokens, "routing": routing, "gemm": gemm, "backend": label, "ms": None,
+               "tflops": None, "err": None, "ok": False, "error": raised[label, gemm]}
+              for label, gemm, _ in candidates if (label, gemm) in raised]
+    candidates = [c for c in candidates if (c[0], c[1]) not in raised]
     dog.arm(f"{preset.name} T={tokens} timing", 20 * dog.seconds)
     times = time_interleaved([fn for _, _, fn in candidates], COPIES, ROUNDS)
     readings = {}
@@ -623,7 +633,7 @@ def run_cell(preset, tokens, bundles, weights, dog, profile: bool, gen, variants
                 r["idle_w"] = idle.power_w
                 print(f"{'':16s} {'':8s} {gemm} weight stream {r['stream_pj_per_byte']:.1f} pJ/byte above idle "
                       f"({idle.power_w:.0f} W): dense-bmm against dense-cublas, {extra / 1e9:.1f} GB more", flush=True)
-    return results
+    return results + failed
 
 
 def main(argv=None) -> int:

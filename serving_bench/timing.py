@@ -26,9 +26,10 @@ sustained load holds: on the power-capped H200 the first ~0.1 s after a rest run
 forward 10% faster), then the power cap sets in (results/stop44-h200-2026-12-04). Default 0: samples start right
 after the warm-up, and a short case's samples may fall on either clock.
 Several callables (the backends of one benchmark cell) are timed in the same rounds by `time_interleaved`: round r
-replays rotated input (r + j) % n of the j-th callable (TimingResult.first_rotation = j % n: no two callables of a
-round run the same input, so that none finds the experts another just streamed in L2), in orders of a balanced Latin
-square (each callable first equally often,
+replays rotated input (r + j) % n of the j-th callable (TimingResult.first_rotation = j % n: where there are at least
+as many inputs as callables, no two callables of a round run the same input, so that none finds the experts another
+just streamed in L2; at prefill sizes there are only 1-2 inputs, but also far more weight bytes than L2), in orders of
+a balanced Latin square (each callable first equally often,
 and after each other callable equally often), so that the card's clock drift falls on all of them alike. On a
 power-capped card each replay still inherits the clock its predecessor's power draw left (runner.BackendOrder says
 what that did on the H200). Each callable's graphs have their own memory pool, as when it is timed alone. One

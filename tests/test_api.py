@@ -319,8 +319,9 @@ def test_auto_splits_by_batch_size_where_measured(monkeypatch, capability, split
 
 
 def test_cute_needs_a_bundle_directory_that_exists_where_the_dsl_is_absent(monkeypatch, tmp_path):
-    """Without the CuTe DSL the layer's CUTE check asks for a bundle directory that exists: a mistyped
-    MOE2CTA_KERNEL_DIR turns CUTE off at planning (AUTO then plans Triton) instead of failing at the first prefill."""
+    """Without the CuTe DSL the layer's CUTE check asks for a bundle directory that exists and holds kernels of this
+    version's sources: a mistyped MOE2CTA_KERNEL_DIR or a stale bundle turns CUTE off at planning (AUTO then plans
+    Triton) instead of failing at the first prefill."""
     import moe2cta.api as api
     from moe2cta.grouped_gemm import cute_runtime as rt
 
@@ -335,7 +336,19 @@ def test_cute_needs_a_bundle_directory_that_exists_where_the_dsl_is_absent(monke
             monkeypatch.setenv(rt.KERNEL_DIR_ENV, str(value))
         ok, reason = api._layer_support(Backend.CUTE, **facts)
         assert not ok and reason.startswith("cute: neither the CuTe DSL compiler nor a kernel bundle") and expected in reason
+    # a directory that exists but can serve no sm90 kernel to this version: empty, or built from other kernel sources
     monkeypatch.setenv(rt.KERNEL_DIR_ENV, str(tmp_path))
+    ok, reason = api._layer_support(Backend.CUTE, **facts)
+    assert not ok and "holds no sm90_grouped_gemm kernel" in reason
+    key = rt.KernelKey("sm90_grouped_gemm", "sm_90a", "bfloat16", 256, 128, 16, (128, 128, 64), (1, 1, 1), "swiglu")
+    rt._write_manifest_entry(tmp_path, key.file_stem(), {"key": key.to_json(), "kernel_sources": "0" * 64})
+    ok, reason = api._layer_support(Backend.CUTE, **facts)
+    assert not ok and "was built from other kernel sources than this moe2cta's" in reason
+    monkeypatch.setenv(rt.KERNEL_PROVENANCE_ENV, "warn")  # (an A/B against an older bundle)
+    assert api._layer_support(Backend.CUTE, **facts) == (True, "")
+    monkeypatch.delenv(rt.KERNEL_PROVENANCE_ENV)
+    rt._write_manifest_entry(tmp_path, key.file_stem(), {"key": key.to_json(),
+                                                         "kernel_sources": rt.kernel_sources_digest(key.family)})
     ok, reason = api._layer_support(Backend.CUTE, **facts)
     assert ok, reason
 

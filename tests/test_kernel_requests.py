@@ -288,6 +288,28 @@ def test_a_library_of_other_or_unknown_kernel_sources_is_not_loaded(monkeypatch,
             assert rt.KernelCache(tmp_path, prefer="bundle").get(_key(), lambda: "compiled") == "compiled"
 
 
+def test_provenance_warn_loads_a_library_of_other_sources_and_refused_ones_are_recorded(monkeypatch, tmp_path):
+    """MOE2CTA_KERNEL_PROVENANCE=warn (an A/B of an older bundle beside a new one) loads such a library with a warning;
+    under the default a refused library, where nothing can compile it, is recorded in the requests file."""
+    (tmp_path / f"{_key().file_stem()}.so").write_bytes(b"garbage")
+    _stamp(tmp_path, sources="0" * 64)
+    monkeypatch.setenv(rt.KERNEL_PROVENANCE_ENV, "warn")
+    if rt.tvm_ffi_available():
+        with pytest.warns(RuntimeWarning, match="built from other kernel sources.*loaded anyway"):
+            with pytest.raises(rt.BundleKernelError, match="cannot be loaded"):  # (garbage: it is opened now)
+                rt.load_kernel(_key(), tmp_path)
+    monkeypatch.setenv(rt.KERNEL_PROVENANCE_ENV, "trust-me")
+    with pytest.raises(ValueError, match="MOE2CTA_KERNEL_PROVENANCE: expected one of \\['check', 'warn'\\]"):
+        rt.load_kernel(_key(), tmp_path)
+    monkeypatch.delenv(rt.KERNEL_PROVENANCE_ENV)
+    monkeypatch.setattr(rt, "dsl_available", lambda: False)
+    requests = tmp_path / "requests.jsonl"
+    with pytest.raises(rt.BundleKernelError, match=f"other kernel sources.*Recorded in {requests}"):
+        rt.KernelCache(tmp_path, prefer="bundle", requests=requests).get(
+            _key(), None, request=lambda: s90.kernel_request(SMALL_CONFIG, SMALL_PROBLEM))
+    assert [e["stem"] for e in rt.read_requests(requests)] == [_key().file_stem()]
+
+
 def test_kernel_sources_are_the_family_module_and_what_it_imports_from_the_package():
     sm90 = {path.name for path in rt.kernel_source_files("sm90_grouped_gemm")}
     assert {"sm90_grouped_gemm.py", "sm90_config.py", "cute_backend.py", "cute_swapped_backend.py",

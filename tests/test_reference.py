@@ -457,9 +457,22 @@ def test_fp64_reference_is_fp64_throughout(activation):
     assert float((got - expected).norm() / expected.norm()) < 1e-13
 
 
-def test_references_run_fp32_matmuls_at_highest_precision_whatever_the_process_set():
+def test_references_run_fp32_matmuls_at_highest_precision_whatever_the_process_set(monkeypatch):
     """A process that set "medium" (bf16 fp32 matmuls on a CPU with bf16 units, TF32 on a GPU) gets the same
-    reference as at "highest", and its setting back."""
+    reference as at "highest", and its setting back. The precision each reference's epilogue runs under is recorded,
+    so that the test fails without the guard also on a CPU whose "medium" changes nothing."""
+    import moe2cta.grouped_gemm.reference as gemm_reference
+    import moe2cta.reference as layer_reference
+
+    seen = []
+    for module in (layer_reference, gemm_reference):
+        real = module.apply_activation
+
+        def recording(gate, up, activation, real=real):
+            seen.append(torch.get_float32_matmul_precision())
+            return real(gate, up, activation)
+
+        monkeypatch.setattr(module, "apply_activation", recording)
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(32, 256, generator=gen)
     w13 = torch.randn(4, 128, 256, generator=gen) / 16
@@ -476,6 +489,31 @@ def test_references_run_fp32_matmuls_at_highest_precision_whatever_the_process_s
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision(before)
+    assert seen and set(seen) == {"highest"}
+
+
+def test_fp32_matmuls_under_torchs_per_backend_precision_switches():
+    """torch >= 2.9's per-backend switches (after which torch refuses the global query): each set to "ieee" inside,
+    restored after."""
+    from moe2cta.grouped_gemm.reference import fp32_matmuls
+
+    switches = [torch.backends.cuda.matmul, torch.backends.mkldnn.matmul]
+    if not all(hasattr(s, "fp32_precision") for s in switches):
+        pytest.skip("this torch has no per-backend fp32 precision switches")
+    saved = [s.fp32_precision for s in switches]
+    try:
+        switches[0].fp32_precision, switches[1].fp32_precision = "tf32", "bf16"
+        inside = []
+        with fp32_matmuls():
+            inside = [s.fp32_precision for s in switches]
+        assert inside == ["ieee", "ieee"]
+        assert [s.fp32_precision for s in switches] == ["tf32", "bf16"]
+        x = torch.randn(8, 64)
+        moe_reference(x, torch.randn(2, 64, 64), torch.randn(2, 64, 32), torch.rand(8, 1), torch.randint(0, 2, (8, 1)))
+    finally:
+        for switch, value in zip(switches, saved):
+            switch.fp32_precision = value
+        torch.set_float32_matmul_precision("highest")  # (the default; leaves the legacy query usable)
 
 
 def test_forward_reference_takes_one_routing():
