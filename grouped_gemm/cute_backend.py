@@ -104,9 +104,9 @@ one elected lane), the unit decoded from SMEM copies of the metadata made before
 previous kernel still writes them: it costs only that prefetch, and the copies are made again after the wait).
 
 Limits: bf16/fp16, K-major A and B, K % 8 == 0 (TMA zero-fills a partial last K tile; A_TOKEN_ROWS: K % tile_k
-== 0, tile_k a multiple of 64, and every a_rows entry below T * rows_per_token), N % 16 == 0 (a partial last
-n-block: TMA zero-fills B's missing rows, the bias index is clamped, the C store clips), row_offsets multiples of
-tile_m, at most 256 experts; GEMM1 weights prepacked (gate/up rows
+== 0, tile_k a multiple of 64, and every a_rows entry below T * rows_per_token), N a multiple of 16 (GEMM1) or 8
+(GEMM2) where no tile_n divides it (a partial last n-block: TMA zero-fills B's missing rows, the bias index is
+clamped, the C store clips; sm90_config.N_TAIL_ALIGN), row_offsets multiples of tile_m, at most 256 experts; GEMM1 weights prepacked (gate/up rows
 interleaved in chunks of 8, matching the wgmma accumulator's 8-column groups).
 """
 from __future__ import annotations

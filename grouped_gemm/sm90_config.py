@@ -26,7 +26,7 @@ __all__ = [
     "ALONG_N_MAX_N_BLOCKS", "WIDE_TILE_K", "WIDE_TOKEN_STEP", "WIDE_MAX_EXPERTS", "WIDE_ROWS_PER_EXPERT",
     "WIDE_GEMM2_ROWS_PER_EXPERT", "WIDE160_ROWS_PER_EXPERT", "WIDE160_TILE_M", "WIDE288_ROWS_PER_EXPERT",
     "WIDE288_TILE_M", "WIDE288_TILE_N", "WIDE288_MAX_EXPERTS", "WIDE288_GEMM2_MIN_K", "WIDE288_LONG_K_GEMM2_MIN_K",
-    "WIDE288_LONG_K_MAX_ROWS", "WIDE_EXPERT_SPLIT", "wide_token_box", "wide_epilogue_rows", "wide_epilogue_bytes",
+    "WIDE288_LONG_K_MAX_ROWS", "WIDE_EXPERT_SPLIT", "row_alignment", "wide_token_box", "wide_epilogue_rows", "wide_epilogue_bytes",
     "ENTRY_ABI", "Sm90GemmConfig", "Sm90Problem", "FUSED_TAIL_PARTS", "unit_rows", "smem_bytes", "resolve_stages",
     "can_implement",
 ]
@@ -239,6 +239,14 @@ WIDE288_LONG_K_MAX_ROWS = 576
 # FILL with the same tiles: 320 rows per expert -8.5% / -19%, deepseek-v3 T=8192 -2.2% / -3.1%, no change where no
 # expert needs a second tile)
 WIDE_EXPERT_SPLIT = ExpertSplit.EVEN
+
+
+def row_alignment(config: "Sm90GemmConfig") -> int:
+    """What every expert's first row (row_offsets[e]) must be a multiple of for `config`'s kernel: the regular kernel's
+    m-block (tile_m), a wide tile's TMA box start (WIDE_ROW_ALIGN), a decode tile's token rows (its tile_m)."""
+    if config.operands is Operands.WEIGHTS_AS_M:
+        return WIDE_ROW_ALIGN if config.wide else config.tile_m
+    return config.tile_m
 
 
 def wide_token_box(tile_m: int) -> int:
@@ -457,10 +465,17 @@ def can_implement(config: Sm90GemmConfig, problem: Sm90Problem) -> tuple[bool, s
         return False, f"tile_m: expected 64 or 128, got {config.tile_m}"
     if config.tile_k not in (32, 64, 128):
         return False, f"tile_k: expected 32, 64 or 128, got {config.tile_k}"
+    if swapped and config.wide and config.a_source is ASource.EXPERT_ORDER_COPY and config.tile_k > 64:
+        # the gathered token tile arrives as 64-row TMA boxes, staged box after box; the wgmma reads it through the
+        # whole tile's K-major layout, which matches that staging only for one 64-column swizzle atom of K
+        return False, (f"tile_k: a wide WEIGHTS_AS_M tile on the gathered copy takes tile_k 32 or 64 (its 64-row token "
+                       f"boxes are staged per box), got {config.tile_k}")
     if config.tile_n % 16 or not 16 <= config.tile_n <= 256:
         return False, f"tile_n: expected a multiple of 16 in [16, 256], got {config.tile_n}"
     out_tile_n = config.tile_n // 2 if problem.kind is GemmStage.GEMM1 else config.tile_n
     if not swapped:  # (WEIGHTS_AS_M stores from registers: no SMEM epilogue tile to divide)
+        if out_tile_n < 16:  # (an 8-column output tile is narrower than the MMA's output atom: does not compile)
+            return False, f"tile_n: output tile {out_tile_n} is below 16 columns (GEMM1's is tile_n / 2)"
         if out_tile_n % EPILOGUE_TILE_N and out_tile_n > EPILOGUE_TILE_N:
             return False, f"tile_n: output tile {out_tile_n} must be a multiple of {EPILOGUE_TILE_N}"
         if out_tile_n < EPILOGUE_TILE_N and EPILOGUE_TILE_N % out_tile_n:

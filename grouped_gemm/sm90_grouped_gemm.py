@@ -40,7 +40,7 @@ from .sm90_config import (  # the configuration layer, re-exported
     ALONG_N_MAX_N_BLOCKS, WIDE_TILE_K, WIDE_TOKEN_STEP, WIDE_MAX_EXPERTS, WIDE_ROWS_PER_EXPERT,
     WIDE_GEMM2_ROWS_PER_EXPERT, WIDE160_ROWS_PER_EXPERT, WIDE160_TILE_M, WIDE288_ROWS_PER_EXPERT, WIDE288_TILE_M,
     WIDE288_TILE_N, WIDE288_MAX_EXPERTS, WIDE288_GEMM2_MIN_K, WIDE288_LONG_K_GEMM2_MIN_K, WIDE288_LONG_K_MAX_ROWS,
-    WIDE_EXPERT_SPLIT, wide_token_box, wide_epilogue_rows, wide_epilogue_bytes, Sm90GemmConfig, Sm90Problem,
+    WIDE_EXPERT_SPLIT, row_alignment, wide_token_box, wide_epilogue_rows, wide_epilogue_bytes, Sm90GemmConfig, Sm90Problem,
     FUSED_TAIL_PARTS, unit_rows, smem_bytes, resolve_stages, can_implement, _dtype_name, _memoized,
 )
 
@@ -669,7 +669,7 @@ def _kernel_for(config, problem, directory):
 
 
 def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, directory=None, a_rows=None,
-         rows_per_token=1):
+         rows_per_token=1, align=128):
     if not isinstance(config, Sm90GemmConfig):  # (the memo below hashes it)
         raise TypeError(f"config: expected an Sm90GemmConfig, got {type(config).__name__}")
     kernel = _KERNELS_BY_LAUNCH.get((config, problem, None if directory is None else str(directory)))
@@ -677,6 +677,10 @@ def _run(config, problem, a, w, out, row_offsets, counts, bias, row_scale, direc
         ok, why = can_implement(config, problem)
         if not ok:
             raise ValueError(f"config: {why}")
+    if align != 128 and (isinstance(align, bool) or not isinstance(align, int) or align < 1
+                         or align % row_alignment(config)):
+        raise ValueError(f"align: expected the dispatch's align, a multiple of the {row_alignment(config)} rows this "
+                         f"kernel's expert segments start on (row_alignment), got {align!r}")
     if (a_rows is not None) != (config.a_source is not ASource.EXPERT_ORDER_COPY):
         raise ValueError(f"a_rows: a_source {config.a_source.name} "
                          + ("takes a_rows (the dispatch's sorted_slots)" if a_rows is None else "takes no a_rows"))
@@ -743,6 +747,12 @@ def token_rows_config(problem: Sm90Problem, rows_per_expert: float | None = None
 DIRECT_STORE_MAX_ELEMENTS = 2**31 - 1
 
 
+def direct_store_fits(config: Sm90GemmConfig, problem: Sm90Problem, rows: int) -> bool:
+    """Whether a launch of `config` with an output of `rows` rows keeps its stores' 32-bit element offsets in range
+    (only the WEIGHTS_AS_M kernels store by offset; the regular kernel stores by TMA)."""
+    return config.operands is not Operands.WEIGHTS_AS_M or rows * problem.out_n <= DIRECT_STORE_MAX_ELEMENTS
+
+
 def config_for_rows(problem: Sm90Problem, rows_per_expert: float | None, rows: int) -> Sm90GemmConfig:
     """default_config for a launch whose output has `rows` rows: its choice, unless that is a WEIGHTS_AS_M kernel
     whose 32-bit store offsets `rows` x N would overflow; then the regular kernel."""
@@ -751,7 +761,7 @@ def config_for_rows(problem: Sm90Problem, rows_per_expert: float | None, rows: i
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
         raise ValueError(f"rows: expected an int >= 0 (the output's rows), got {rows!r}")
     config = default_config(problem, rows_per_expert=rows_per_expert)
-    if config.operands is Operands.WEIGHTS_AS_M and rows * problem.out_n > DIRECT_STORE_MAX_ELEMENTS:
+    if not direct_store_fits(config, problem, rows):
         return regular_config(problem, rows_per_expert=rows_per_expert)
     return config
 
@@ -779,6 +789,7 @@ def sm90_grouped_gemm1(
     rows_per_expert: float | None = None,
     a_rows: torch.Tensor | None = None,
     rows_per_token: int = 1,
+    align: int = 128,
 ) -> torch.Tensor:
     """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13; b13 public [E, 2I]
     or its kernel_bias (made once: no per-call conversion).
@@ -790,7 +801,11 @@ def sm90_grouped_gemm1(
 
     config None: config_for_rows (default_config(problem, rows_per_expert=rows_per_expert), whose host-side
     estimate such as T * k / E picks the decode kernel, None the regular one; the regular kernel where a decode
-    kernel's 32-bit store offsets would overflow); with a_rows token_rows_config."""
+    kernel's 32-bit store offsets would overflow); with a_rows token_rows_config.
+
+    The dispatch metadata lives on the device and is not read here; as router.dispatch makes it: row_offsets [E + 1]
+    multiples of `align` (the dispatch's align, which must be a multiple of the kernel's row_alignment(config): 128
+    serves every kernel), counts[e] <= row_offsets[e + 1] - row_offsets[e], row_offsets[E] <= the output's rows."""
     _check_common(a, packed_w13, row_offsets, counts, "packed_w13")
     activation = Activation.parse(activation)
     num_experts, two_i, hidden = packed_w13.shape
@@ -811,7 +826,7 @@ def sm90_grouped_gemm1(
     if a_rows is not None and a.shape[0] == 0:  # no tokens: every row is padding (never read)
         return out
     return _run(config, problem, a, packed_w13, out, row_offsets, counts, bias, None, kernel_directory, a_rows,
-                rows_per_token)
+                rows_per_token, align)
 
 
 def sm90_grouped_gemm2(
@@ -825,9 +840,10 @@ def sm90_grouped_gemm2(
     config: Sm90GemmConfig | None = None,
     kernel_directory=None,
     rows_per_expert: float | None = None,
+    align: int = 128,
 ) -> torch.Tensor:
-    """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H] (b2 public or its kernel_bias); config None as
-    in sm90_grouped_gemm1."""
+    """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H] (b2 public or its kernel_bias); config None,
+    the dispatch metadata and `align` as in sm90_grouped_gemm1."""
     _check_common(a, w2, row_offsets, counts, "w2")
     num_experts, hidden, inter = w2.shape
     problem = Sm90Problem(GemmStage.GEMM2, hidden, inter, num_experts, a.dtype, None, b2 is not None, row_scale is not None)
@@ -836,7 +852,7 @@ def sm90_grouped_gemm2(
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
     check_out(out, a.shape[0], hidden, a)
     bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale, a.device)
-    return _run(config, problem, a, w2, out, row_offsets, counts, bias, row_scale, kernel_directory)
+    return _run(config, problem, a, w2, out, row_offsets, counts, bias, row_scale, kernel_directory, align=align)
 
 
 # ---------------------------------------------------------------------------------------------- presets

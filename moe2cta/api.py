@@ -52,7 +52,7 @@ from .grouped_gemm.epilogue import GATE_UP_CHUNK, W13Layout, pack_gate_up_rows, 
 from .reference import RouterWeightOn, moe_forward_reference
 from .router import GatherPadding, RoutingConfig, Scoring
 from .router.config import triton_interpreting
-from .router.reference import route_reference
+from .router.reference import max_rows_for, route_reference
 from .validation import (
     FLOAT_DTYPES,
     MoEProblem,
@@ -584,12 +584,20 @@ def _make_cute_plan(layer: "MoELayer", num_tokens: int, top_k: int) -> _CutePlan
             layer.gemm1_input is Gemm1Input.AUTO and module.token_rows_pays(prepared["problems"][0], rows_per_expert))
         if wanted and not on_input and num_tokens > 0:
             token_rows_cfg = _token_rows_config(module, prepared["problems"][0], cfg1, rows_per_expert)
+    # the launches' output rows (the dispatch's padded rows): a WEIGHTS_AS_M kernel chosen here, not by the wrappers'
+    # config_for_rows, must keep its 32-bit store offsets in range too (else the regular kernel's one launch)
+    out_rows = max_rows_for(num_tokens, top_k, layer.num_experts, config.align)
+    if token_rows_cfg is not None and not module.direct_store_fits(token_rows_cfg, prepared["problems"][0], out_rows):
+        token_rows_cfg = None
     # sm90 expert classes (default configurations only): one launch per class of experts by their rows, each with
     # the counts of its own experts (module.class_counts, on the device); () = one launch
     classes1 = classes2 = ()
     if prefix == "sm90" and cfg1 is None and cfg2 is None and num_tokens > 0:
         classes1 = () if token_rows_cfg is not None else module.expert_classes(prepared["problems"][0], rows_per_expert)
         classes2 = module.expert_classes(prepared["problems"][1], rows_per_expert)
+        classes1, classes2 = (
+            classes if all(module.direct_store_fits(c.config, problem, out_rows) for c in classes) else ()
+            for classes, problem in ((classes1, prepared["problems"][0]), (classes2, prepared["problems"][1])))
     padding = GatherPadding.LEAVE
     if prefix == "sm90" and token_rows_cfg is None:  # (with classes: the regular kernel's, the last class)
         padding = sm90_gather_padding(module, prepared["problems"][0], classes1[-1].config if classes1 else cfg1,

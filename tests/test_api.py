@@ -941,3 +941,31 @@ def test_layer_tuning_cache_argument(tmp_path):
     assert MoELayer(w13, w2, routing=routing, backend="torch").tuning_cache is None
     with pytest.raises(TypeError, match="tuning_cache"):
         MoELayer(w13, w2, routing=routing, backend="torch", tuning_cache=3)
+
+
+def test_cute_plan_keeps_direct_stores_in_32_bit_range():
+    """The layer's sm90 plan picks expert classes (160 / 288-row WEIGHTS_AS_M tiles, which store by 32-bit element
+    offsets) itself, not through the wrappers' config_for_rows: an output of more than 2**31 - 1 elements plans the
+    one regular launch instead (here GEMM2 of H = 24576 at T = 8192, k = 8, E = 256: 98048 rows x 24576), while a
+    deepseek-v3-sized layer keeps its classes."""
+    import types
+
+    import moe2cta.api as api
+    from moe2cta.grouped_gemm import sm90_grouped_gemm as s90
+
+    def layer(hidden, inter=2048, experts=256, k=8):
+        problems = (s90.Sm90Problem(s90.GemmStage.GEMM1, 2 * inter, hidden, experts, torch.bfloat16, Activation.SWIGLU,
+                                    False, False),
+                    s90.Sm90Problem(s90.GemmStage.GEMM2, hidden, inter, experts, torch.bfloat16, None, False, True))
+        return types.SimpleNamespace(prepared={"module": s90, "problems": problems},
+                                     config=MoEConfig(RoutingConfig(top_k=k)), num_global_experts=experts,
+                                     num_experts=experts, hidden_size=hidden, intermediate=inter,
+                                     w13=torch.empty(1, dtype=torch.bfloat16), b13=None, tuning_cache=None,
+                                     gemm1_input=moe2cta.Gemm1Input.AUTO)
+
+    wide = s90.Operands.WEIGHTS_AS_M
+    big = api._make_cute_plan(layer(24576), 8192, 8)
+    assert big.classes2 == () and [c.config.operands for c in big.classes1][:2] == [wide, wide]
+    deepseek = api._make_cute_plan(layer(7168), 8192, 8)
+    assert [c.config.operands for c in deepseek.classes2][:2] == [wide, wide]
+    assert s90.direct_store_fits(deepseek.classes2[0].config, layer(24576).prepared["problems"][1], 98048) is False

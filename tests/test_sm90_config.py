@@ -662,3 +662,37 @@ def test_device_tables_take_a_device_with_or_without_its_index(monkeypatch):
     for cluster_m in (True, 2.0, 3):
         with pytest.raises(ValueError, match="^cluster_m"):
             s90.persistent_ctas(torch.device("cuda", 3), cluster_m)
+
+
+def test_can_implement_refuses_what_the_kernels_cannot_compute():
+    """Two configurations the checks let through before stop 52: a wide WEIGHTS_AS_M tile on the gathered copy at
+    tile_k 128 (its 64-row token boxes are staged box after box, which the wgmma's K-major view of the whole tile
+    matches for one 64-column swizzle atom only: every unit wrong once K > 64), and a GEMM1 output tile of 8 columns
+    (tile_n 16: narrower than the MMA's output atom, failed to compile)."""
+    for kind, n, k, activation, row_scale in ((G1, 4096, 2048, Activation.SWIGLU, False), (G2, 2048, 2048, None, True)):
+        problem = s90.Sm90Problem(kind, n, k, 64, torch.bfloat16, activation, False, row_scale)
+        for tile_m, tile_n in ((128, 128), (160, 256), (288, 128)):
+            wide = s90.Sm90GemmConfig(tile_m=tile_m, tile_n=tile_n, tile_k=128, operands=s90.Operands.WEIGHTS_AS_M,
+                                      token_step=32)
+            ok, why = s90.can_implement(wide, problem)
+            assert not ok and "tile_k: a wide WEIGHTS_AS_M tile on the gathered copy takes tile_k 32 or 64" in why
+            assert s90.can_implement(dataclasses.replace(wide, tile_k=64), problem) == (True, "")
+    problem = s90.Sm90Problem(G1, 4096, 2048, 64, torch.bfloat16, Activation.SWIGLU, False, False)
+    for consumers in (s90.Consumers.COOPERATIVE, s90.Consumers.PINGPONG):
+        ok, why = s90.can_implement(s90.Sm90GemmConfig(tile_n=16, consumers=consumers), problem)
+        assert not ok and "output tile 8 is below 16 columns" in why
+    assert s90.can_implement(s90.Sm90GemmConfig(tile_n=32), problem) == (True, "")
+
+
+def test_row_alignment_is_what_each_kernel_needs_of_the_dispatchs_align():
+    """The regular kernel's m-block, a wide tile's 64-row box start, a decode tile's rows: 128 (the dispatch's
+    default align) serves every kernel the presets build."""
+    assert s90.row_alignment(s90.Sm90GemmConfig()) == 128
+    assert s90.row_alignment(s90.Sm90GemmConfig(tile_m=64, tile_n=128)) == 64
+    wide = s90.Sm90GemmConfig(tile_m=160, tile_n=256, operands=s90.Operands.WEIGHTS_AS_M, token_step=32)
+    assert wide.wide and s90.row_alignment(wide) == s90.WIDE_ROW_ALIGN == 64
+    decode = s90.Sm90GemmConfig(tile_m=16, tile_n=128, tile_k=128, operands=s90.Operands.WEIGHTS_AS_M)
+    assert not decode.wide and s90.row_alignment(decode) == 16
+    for preset in PRESETS.values():
+        for config, _ in s90.preset_configs(preset):
+            assert 128 % s90.row_alignment(config) == 0, config

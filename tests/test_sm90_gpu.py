@@ -299,5 +299,9 @@ def test_wrapper_arguments_are_checked_before_any_launch():
     with pytest.raises(ValueError, match="^rows_per_expert"):
         s90.sm90_grouped_gemm1(a[:3], w13, ro, counts, a_rows=torch.zeros(512, dtype=torch.int32, device=dev),
                                rows_per_expert=float("nan"))
+    regular = s90.Sm90GemmConfig()  # 128-row m-blocks: a dispatch padded to 64 rows would be multiplied wrongly
+    for align in (64, 96, True, 0):
+        with pytest.raises(ValueError, match="^align: expected the dispatch's align, a multiple of the 128 rows"):
+            s90.sm90_grouped_gemm1(a, w13, ro, counts, config=regular, align=align)
     empty = s90.sm90_grouped_gemm2(torch.empty(0, inter, dtype=torch.bfloat16, device=dev), w2, ro, counts)
     assert empty.shape == (0, hidden)
