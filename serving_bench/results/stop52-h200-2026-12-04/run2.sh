@@ -6,10 +6,10 @@
 set -uo pipefail
 start=$SECONDS
 v=/tmp/run2; mkdir -p $v
-mkdir -p .kernels && { [ -d .kernels/c17 ] || tar xJf .kpack/c17.tar.xz -C .kernels; } || exit 1
+mkdir -p .kernels && { [ -d .kernels/c18 ] || tar xJf .kpack/c18.tar.xz -C .kernels; } || exit 1
 python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/moe2cta-site .whl/moe2cta-*.whl || exit 1
 export LAYER_BACKENDS=auto,triton,grouped-mm,dense-ceiling,expert-bmm-ceiling
-OUT=$v KERNELS=.kernels/c17 LAYER_TAG=v42- LANE0="layer-full" timeout $((480 - SECONDS + start)) bash serving_bench/device_validate.sh 2>&1 | grep -E "^===" | cut -c1-160
-OUT=$v KERNELS=.kernels/c17 LAYER_TAG=v42p- LAYER_ROUTER=peer LAYER_MODELS=deepseek-v3 LANE0="layer-full" timeout $((560 - SECONDS + start)) bash serving_bench/device_validate.sh 2>&1 | grep -E "^===" | cut -c1-160
+OUT=$v KERNELS=.kernels/c18 LAYER_TAG=v42- LANE0="layer-full" timeout $((480 - SECONDS + start)) bash serving_bench/device_validate.sh 2>&1 | grep -E "^===" | cut -c1-160
+OUT=$v KERNELS=.kernels/c18 LAYER_TAG=v42p- LAYER_ROUTER=peer LAYER_MODELS=deepseek-v3 LANE0="layer-full" timeout $((560 - SECONDS + start)) bash serving_bench/device_validate.sh 2>&1 | grep -E "^===" | cut -c1-160
 tar czf $OUT/run2.tgz -C /tmp run2
 echo "=== done $((SECONDS - start)) s"
