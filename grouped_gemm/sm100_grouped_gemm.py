@@ -277,6 +277,13 @@ def can_implement(config: Sm100GemmConfig, problem: Sm100Problem) -> tuple[bool,
         return False, f"SMEM {use.smem_bytes} B > {ARCH_LIMITS[Arch.SM100].smem_per_cta} B per CTA"
     if use.tmem_alloc_columns > ARCH_LIMITS[Arch.SM100].tmem_columns:
         return False, f"TMEM {use.tmem_columns} columns ({c.accumulator_slots} slots x {c.tile_n}) > 512"
+    if (use.tmem_alloc_columns > ARCH_LIMITS[Arch.SM100].tmem_columns // 2
+            and 2 * (use.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM):
+        # two persistent CTAs would fit an SM by SMEM, each allocating more than half of its TMEM: the second waits
+        # in its allocation until the first ends (or worse); keep one CTA per SM
+        return False, (f"stages: {use.stages} stages leave {use.smem_bytes} B of SMEM, so two CTAs would share an SM, "
+                       f"each allocating {use.tmem_alloc_columns} of its 512 TMEM columns: use more stages (0: as "
+                       "many as fit)")
     if c.accumulator_slots > 2:
         return False, f"accumulator_slots {c.accumulator_slots}: 1 or 2"
     if c.unit is WorkUnit.PAIR and c.pair_threshold > 0:  # the experts below the threshold run on the SINGLE twin
@@ -287,15 +294,23 @@ def can_implement(config: Sm100GemmConfig, problem: Sm100Problem) -> tuple[bool,
 
 
 _TILE_NS = (256, 224, 192, 160, 128, 96, 64)
+_EPI_NS = (32, 16, 8)  # epilogue sub-tile widths, widest first (GEMM1's 48 / 80 / 112-column output tiles take 16)
+SMEM_PER_SM = 228 * 1024  # B200: shared memory of one SM, all resident CTAs together
+SMEM_RESERVED_PER_CTA = 1024  # what the driver keeps of it per resident CTA
 
 
 def default_config(problem: Sm100Problem, unit: WorkUnit = WorkUnit.PAIR, pair_threshold: int = 0) -> Sm100GemmConfig:
-    """The widest N tile that divides N and fits (analytic default; moe2cta.planner may choose otherwise)."""
+    """The widest N tile that divides N and fits, with the widest epilogue sub-tile that divides its output (analytic
+    default; moe2cta.planner may choose otherwise). ValueError with the last reason where none fits."""
+    why = ""
     for tile_n in _TILE_NS:
-        config = Sm100GemmConfig(unit=unit, tile_n=tile_n, pair_threshold=pair_threshold if unit is WorkUnit.PAIR else 0)
-        if can_implement(config, problem)[0]:
-            return config
-    raise ValueError(f"problem: no sm_100 tile fits N={problem.n}, K={problem.k}")
+        for epi_n in _EPI_NS:
+            config = Sm100GemmConfig(unit=unit, tile_n=tile_n, epi_n=epi_n,
+                                     pair_threshold=pair_threshold if unit is WorkUnit.PAIR else 0)
+            ok, why = can_implement(config, problem)
+            if ok:
+                return config
+    raise ValueError(f"problem: no sm_100 tile fits N={problem.n}, K={problem.k} (the narrowest tried: {why})")
 
 
 def kernel_key(config: Sm100GemmConfig, problem: Sm100Problem):
@@ -1007,11 +1022,24 @@ def _launch(config, problem, a, w, out, row_offsets, counts, bias, row_scale):
     return out
 
 
+def _check_align(align) -> None:
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1 or align % ROW_GRANULE:
+        raise ValueError(f"align: expected the dispatch's align, a multiple of the {ROW_GRANULE} rows every expert's "
+                         f"tiles start on, got {align!r}")
+
+
 def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: torch.Tensor, counts: torch.Tensor,
                         activation: Activation = Activation.SWIGLU, b13: torch.Tensor | KernelBias | None = None,
-                        out: torch.Tensor | None = None, config: Sm100GemmConfig | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, config: Sm100GemmConfig | None = None,
+                        align: int = 128) -> torch.Tensor:
     """act(a @ w13[e].T + b13[e]) per expert -> [max_rows, I]; packed_w13 from prepack_w13, b13 public [E, 2I] or
-    its kernel_bias."""
+    its kernel_bias.
+
+    The dispatch metadata lives on the device and is not read here; as router.dispatch makes it: row_offsets [E + 1]
+    from 0, multiples of `align` (the dispatch's align, a multiple of 128), counts[e] <= row_offsets[e + 1] -
+    row_offsets[e], row_offsets[E] <= a's rows. The kernel stores whole 128-row halves: an expert's padding rows up to
+    its next multiple of 128 are written too."""
+    _check_align(align)
     _check_inputs(a, packed_w13, row_offsets, counts, "packed_w13")
     num_experts, two_i, hidden = packed_w13.shape
     problem = Sm100Problem(GemmStage.GEMM1, two_i, hidden, num_experts, _DTYPES[a.dtype],
@@ -1027,8 +1055,11 @@ def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: 
 
 def sm100_grouped_gemm2(a: torch.Tensor, w2: torch.Tensor, row_offsets: torch.Tensor, counts: torch.Tensor,
                         row_scale: torch.Tensor | None = None, b2: torch.Tensor | KernelBias | None = None,
-                        out: torch.Tensor | None = None, config: Sm100GemmConfig | None = None) -> torch.Tensor:
-    """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H]."""
+                        out: torch.Tensor | None = None, config: Sm100GemmConfig | None = None,
+                        align: int = 128) -> torch.Tensor:
+    """(a @ w2[e].T + b2[e]) * row_scale per expert -> [max_rows, H]; the dispatch metadata and `align` as in
+    sm100_grouped_gemm1."""
+    _check_align(align)
     _check_inputs(a, w2, row_offsets, counts, "w2")
     num_experts, hidden, inter = w2.shape
     problem = Sm100Problem(GemmStage.GEMM2, hidden, inter, num_experts, _DTYPES[a.dtype],

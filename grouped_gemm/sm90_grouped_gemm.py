@@ -641,12 +641,25 @@ def _check_common(a, w, row_offsets, counts, name_w):
 
 
 def check_out(out, rows: int, n_out: int, a: torch.Tensor) -> None:
-    """A caller's `out` for a GEMM of `rows` x `n_out` on `a` (sm90 and sm100): shape, dtype, device, layout."""
+    """A caller's `out` for a GEMM of `rows` x `n_out` on `a` (sm90 and sm100): shape, dtype, device, layout, and no
+    memory shared with `a` (every block of A is read by several CTAs while others store C: an overlap would feed
+    them outputs)."""
     if not isinstance(out, torch.Tensor) or out.shape != (rows, n_out) or out.dtype != a.dtype \
             or out.device != a.device or not out.is_contiguous() or out.data_ptr() % 16:
         raise TypeError(f"out: expected a contiguous 16-byte aligned [{rows}, {n_out}] {a.dtype} tensor on {a.device}, "
                         f"got {tuple(getattr(out, 'shape', ()))} {getattr(out, 'dtype', type(out).__name__)} on "
                         f"{getattr(out, 'device', None)}")
+    if out.numel() and a.numel():
+        out_end = out.data_ptr() + out.numel() * out.element_size()
+        a_end = a.data_ptr() + _span_elements(a) * a.element_size()
+        if out.data_ptr() < a_end and a.data_ptr() < out_end:
+            raise ValueError("out: expected memory of its own, got one that overlaps a (the GEMM reads a while it "
+                             "writes out)")
+
+
+def _span_elements(t: torch.Tensor) -> int:
+    """Elements from t's first to one past its last (its strides' reach; t.numel() when contiguous)."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
 
 
 _KERNELS_BY_LAUNCH: dict = {}  # (config, problem, directory) -> the kernel: one lookup per launch on the hot path

@@ -263,3 +263,28 @@ def test_can_implement_checks_the_single_fallback():
     ok, why = sm100.can_implement(config, problem)
     assert not ok and why.startswith("pair_threshold 129: the SINGLE launch"), why
     assert sm100.can_implement("pair", problem) == (False, "expected an Sm100GemmConfig, got str")
+
+
+def test_sm100_host_checks_from_the_kernel_audit():
+    """What a read of the kernels against their checks found (stop 52): the wrappers take the dispatch's align (the
+    kernel's tiles start on 128-row halves: a 64-row dispatch was multiplied by the wrong experts), default_config tries
+    narrower epilogue sub-tiles before it gives up, and a config small enough in SMEM for two CTAs per SM but
+    allocating more than half the TMEM each is refused."""
+    import torch
+
+    a = torch.zeros(256, 512, dtype=torch.bfloat16)
+    w = torch.zeros(2, 256, 512, dtype=torch.bfloat16)
+    ro = torch.tensor([0, 64, 128], dtype=torch.int32)
+    counts = torch.tensor([64, 64], dtype=torch.int32)
+    for align in (64, 96, True, 0):
+        with pytest.raises(ValueError, match="^align: expected the dispatch's align, a multiple of the 128 rows"):
+            sm100.sm100_grouped_gemm2(a, w, ro, counts, align=align)
+    gemm1 = Sm100Problem(GemmStage.GEMM1, 480, 512, 8, "bfloat16", activation=Activation.SWIGLU)
+    config = sm100.default_config(gemm1, WorkUnit.SINGLE)
+    assert config.tile_n == 160 and config.epi_n == 16 and sm100.can_implement(config, gemm1) == (True, "")
+    with pytest.raises(ValueError, match=r"no sm_100 tile fits N=24, K=512 \(the narrowest tried: N=24: must be"):
+        sm100.default_config(Sm100Problem(GemmStage.GEMM2, 24, 512, 8, "bfloat16"))
+    deepseek_gemm2 = Sm100Problem(GemmStage.GEMM2, 7168, 2048, 256, "bfloat16", has_row_scale=True)
+    ok, why = sm100.can_implement(Sm100GemmConfig(tile_n=256, stages=2), deepseek_gemm2)
+    assert not ok and "two CTAs would share an SM" in why
+    assert sm100.can_implement(Sm100GemmConfig(tile_n=256), deepseek_gemm2) == (True, "")

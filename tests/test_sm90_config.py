@@ -696,3 +696,15 @@ def test_row_alignment_is_what_each_kernel_needs_of_the_dispatchs_align():
     for preset in PRESETS.values():
         for config, _ in s90.preset_configs(preset):
             assert 128 % s90.row_alignment(config) == 0, config
+
+
+def test_check_out_refuses_an_out_that_shares_memory_with_a():
+    """Every block of A is read by several CTAs while others store C (and a PAIR's unstored half reads a neighbour's
+    rows): an `out` overlapping `a` would feed them outputs. Both families' wrappers check it (check_out)."""
+    a = torch.zeros(256, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^out: expected memory of its own, got one that overlaps a"):
+        s90.check_out(a, 256, 128, a)
+    with pytest.raises(ValueError, match="overlaps a"):
+        s90.check_out(a[128:], 128, 128, a[:200])
+    s90.check_out(torch.empty(256, 128, dtype=torch.bfloat16), 256, 128, a)  # its own memory
+    s90.check_out(a[128:], 128, 128, a[:128])  # adjacent, not overlapping
