@@ -210,7 +210,11 @@ def _expected_active_experts(routed_rows: int, num_experts: int) -> float:
 
 
 def _nearest_height(wanted: int, heights: tuple[int, ...]) -> int:
-    return min(heights, key=lambda h: (abs(math.log2(h) - math.log2(wanted)), h))
+    """The height of `heights` nearest `wanted` (log scale) among those a tile can be: powers of two >= 16."""
+    usable = [h for h in heights if h >= 16 and h & (h - 1) == 0]
+    if not usable:
+        raise ValueError(f"tile_heights: the Triton GEMMs tile by one of them, a power of two >= 16; got {heights}")
+    return min(usable, key=lambda h: (abs(math.log2(h) - math.log2(wanted)), h))
 
 
 def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
@@ -259,6 +263,15 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)
     while not can_implement(config, problem)[0] and config.block_k > 32:
         config = dataclasses.replace(config, block_k=config.block_k // 2)
+    # a tall block_m from custom tile heights (256 rows): narrower N tiles, then more warps, for the registers
+    while not can_implement(config, problem)[0] and config.block_n > 32:
+        config = dataclasses.replace(config, block_n=config.block_n // 2)
+    while not can_implement(config, problem)[0] and config.num_warps < 8:
+        config = dataclasses.replace(config, num_warps=config.num_warps * 2)
+    ok, why = can_implement(config, problem)
+    if not ok:
+        raise ValueError(f"tile_heights: no default config fits block_m {config.block_m} of {problem.tile_heights} "
+                         f"({why})")
     return config
 
 
@@ -639,8 +652,11 @@ def _launch(
     else:
         problem = GroupedGemmProblem(stage, num_experts, n_dim, k_dim, max_rows, a.dtype, tile_heights, num_sms,
                                      smem, w13_layout)
-    if config_given is None and config.tile_load is TileLoad.TMA and not _tma_usable(a, w, a_rows is not None):
+    if config.tile_load is TileLoad.TMA and config_given is None and not _tma_usable(a, w, a_rows is not None):
         config = dataclasses.replace(config, tile_load=TileLoad.POINTER)  # the heuristic falls back quietly
+    if config.tile_load is TileLoad.TMA and a.device.type == "cuda" and not _sm90_or_newer(
+            a.device.index if a.device.index is not None else torch.cuda.current_device()):
+        raise ValueError("config: tile_load TMA needs an sm_90+ device (tensor descriptors); use TileLoad.POINTER")
     ok, reason = (_memoized_can_implement(config, problem) if isinstance(config, TritonGemmConfig)
                   else can_implement(config, problem))
     if not ok:
@@ -725,6 +741,11 @@ def triton_grouped_gemm1(
     (GATE_THEN_UP: gate rows, then up rows; CHUNKED: pack_gate_up_rows of that, the CuTe kernels' layout).
     b13 [E, 2I] is always in the public gate-then-up order. align: the dispatch's row alignment (Dispatch.align),
     for the default config's estimate of the routed rows.
+
+    row_offsets, counts, tile_offsets and a_rows live on the device and are not read here: pass them and
+    `tile_heights` from one Dispatch (tile_heights = Dispatch.tile_heights: the kernel reads the row of tile_offsets
+    for its block_m, and another dispatch's heights give other tile counts), and a_rows_per_source = the top_k the
+    dispatch ran with (every a_rows entry < T * a_rows_per_source).
     """
     return _launch(GemmStage.GEMM1, a, w13, row_offsets, counts, tile_offsets, Activation.parse(activation),
                    b13, None, a_rows, out, config, tile_heights, a_rows_per_source, w13_layout, align)
@@ -745,8 +766,8 @@ def triton_grouped_gemm2(
 ) -> torch.Tensor:
     """GEMM2 -> [max_rows, H] in a.dtype: y[r] = (a[r] @ w2[e].T + b2[e]) * row_scale[r] (valid rows written).
 
-    a: [max_rows, I] in the padded expert layout; w2: [E, H, I]; row_scale: [max_rows] float or None. align: as in
-    triton_grouped_gemm1.
+    a: [max_rows, I] in the padded expert layout; w2: [E, H, I]; row_scale: [max_rows] float or None. align, the
+    dispatch metadata and tile_heights: as in triton_grouped_gemm1.
     """
     return _launch(GemmStage.GEMM2, a, w2, row_offsets, counts, tile_offsets, None, b2, row_scale, None, out,
                    config, tile_heights, align=align)

@@ -439,6 +439,8 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
             raise ValueError("expert_map: expected a contiguous tensor")
         if expert_map.numel() == 0:
             raise ValueError("expert_map: expected at least one entry (global expert id -> local id or -1)")
+        if expert_map.dtype != torch.int32:  # values past int32 stay off-rank, as the dispatch reads them (no wrap)
+            expert_map = expert_map.clamp(-1, 2**31 - 1).to(torch.int32)
     if out is None:
         out = torch.empty(out_shape, dtype=out_dtype, device=device)
     else:

@@ -269,6 +269,9 @@ def _dispatch_static_meta_cached(num_experts, align, heights, has_map, num_globa
     ), dict(ALIGN=align, NUM_HEIGHTS=len(heights), H0=padded[0], H1=padded[1], H2=padded[2], H3=padded[3])
 
 
+MAX_DISPATCH_SLOTS = 2**31 // 1024  # T*k the TRITON dispatch takes (dispatch_triton.py: Limits)
+
+
 def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta, offset_meta, scheme, block_slots):
     module = _kernel_module("dispatch_triton")
     AUTO_SINGLE_SLOTS, SINGLE_MAX_SLOTS = module.AUTO_SINGLE_SLOTS, module.SINGLE_MAX_SLOTS
@@ -278,6 +281,8 @@ def _launch_dispatch(ids_flat, num_slots, max_rows, expert_map, bufs, base_meta,
     device = ids_flat.device
     emap = expert_map if expert_map is not None else ids_flat
     num_bins = base_meta["NUM_BINS"]
+    if num_slots >= MAX_DISPATCH_SLOTS:  # (the kernels' int32 block x bin offsets; dispatch_triton.py's limits)
+        raise ValueError(f"topk_ids: the TRITON dispatch takes T*k < {MAX_DISPATCH_SLOTS} slots, got {num_slots}")
     if scheme is DispatchScheme.AUTO:
         scheme = DispatchScheme.SINGLE_PROGRAM if num_slots <= AUTO_SINGLE_SLOTS else DispatchScheme.MULTI_BLOCK
     if scheme is DispatchScheme.SINGLE_PROGRAM:

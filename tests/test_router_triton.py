@@ -626,3 +626,15 @@ def test_gather_and_combine_check_their_sizes_and_degenerate_rows():
         assert torch.equal(rows[valid], weights.reshape(-1))
     from moe2cta.router.api import GatherPadding
     assert GatherPadding.parse("TOKEN_ROW") is GatherPadding.TOKEN_ROW
+
+
+def test_triton_dispatch_names_a_batch_past_its_slot_limit(monkeypatch):
+    """dispatch_triton.py's limit (T*k < 2**31 / 1024: its int32 block x bin offsets) is checked on the host."""
+    import moe2cta.router.api as router_api
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(router_api, "MAX_DISPATCH_SLOTS", 64)
+    ids = torch.randint(0, 8, (40, 2), dtype=torch.int32)
+    with pytest.raises(ValueError, match="^topk_ids: the TRITON dispatch takes T\\*k < 64 slots, got 80"):
+        router_api.dispatch(ids, 8, backend="triton")
+    router_api.dispatch(ids[:30], 8, backend="triton")  # 60 slots

@@ -740,3 +740,15 @@ def test_argument_types_and_strides_are_checked_cpu(interpret):
     strided = torch.rand(2 * disp["max_rows"], generator=gen)[::2]
     with pytest.raises(ValueError, match="^row_scale: expected a contiguous tensor"):
         triton_grouped_gemm2(a2, w2, *meta, row_scale=strided, config=SMALL)
+
+
+def test_default_config_takes_the_tile_heights_a_dispatch_accepts():
+    """default_config tiles by a height that is a power of two >= 16, and fits a tall one (256 rows) by narrower N
+    tiles or more warps; heights no tile can use are named (they gave a config: ... error before)."""
+    for heights, rows in (((128, 256), 80 * 2), ((256,), 800 * 2), ((8, 64), 2), ((16, 256), 4096)):
+        for stage, n, k in ((GemmStage.GEMM1, 512, 256), (GemmStage.GEMM2, 256, 256)):
+            problem = GroupedGemmProblem(stage, 8, n, k, rows, torch.float16, heights)
+            config = tg.default_config(problem)
+            assert config.block_m in heights and can_implement(config, problem) == (True, ""), (heights, config)
+    with pytest.raises(ValueError, match=r"^tile_heights: the Triton GEMMs tile by one of them, a power of two >= 16"):
+        tg.default_config(GroupedGemmProblem(GemmStage.GEMM1, 8, 512, 256, 2, torch.float16, (24, 48)))

@@ -148,6 +148,12 @@ def test_ids_outside_the_experts_add_nothing_cpu(interpret):
     a2, out = run_both(c, Activation.SWIGLU, W13Layout.CHUNKED, expert_map=expert_map)
     valid_ids = torch.where(c["ids"] < 4, c["ids"], torch.full_like(c["ids"], -1))
     check(dict(c, ids=valid_ids), a2, out, Activation.SWIGLU)
+    # an int64 map value past int32 stays off-rank, as the dispatch reads it (it was narrowed first: 2**32 -> expert 0)
+    expert_map = torch.tensor([2**32, 1, 2, 3, -1, -1], dtype=torch.int64)
+    c["ids"] = kept.clone()
+    a2, out = run_both(c, Activation.SWIGLU, W13Layout.CHUNKED, expert_map=expert_map)
+    valid_ids = torch.where(c["ids"] == 0, torch.full_like(c["ids"], -1), c["ids"])
+    check(dict(c, ids=valid_ids), a2, out, Activation.SWIGLU)
 
 
 def test_empty_batch_and_bit_stable_cpu(interpret):
