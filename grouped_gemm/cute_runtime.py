@@ -409,12 +409,13 @@ def kernel_sources_digest(family: str, package_dir: pathlib.Path | None = None) 
     return _DIGESTS[cache_key]
 
 
-def _package_version() -> str:
+def _distribution_version(name: str) -> str:
+    """The installed version of distribution `name` ("unknown" for a source tree or a package not installed)."""
     try:
         import importlib.metadata
 
-        return importlib.metadata.version("moe2cta")
-    except Exception:  # noqa: BLE001 (an uninstalled source tree)
+        return importlib.metadata.version(name)
+    except Exception:  # noqa: BLE001
         return "unknown"
 
 
@@ -476,7 +477,7 @@ def provenance_problem(key: "KernelKey", directory: pathlib.Path) -> str | None:
     if recorded != expected:
         built_by = entry.get("moe2cta_version", "unknown")
         return (f"it was built from other kernel sources (digest {str(recorded)[:12]}, moe2cta {built_by}) than this "
-                f"moe2cta runs ({expected[:12]}, moe2cta {_package_version()}), so its code may differ")
+                f"moe2cta runs ({expected[:12]}, moe2cta {_distribution_version('moe2cta')}), so its code may differ")
     return None
 
 
@@ -599,22 +600,13 @@ def export_kernel(
         "ptx": ptx_file.name if ptx_file else None,
         "smem_bytes": smem_bytes,
         "kernel_sources": kernel_sources_digest(key.family),
-        "moe2cta_version": _package_version(),
-        "cutlass_dsl_version": _dsl_version(),
+        "moe2cta_version": _distribution_version("moe2cta"),
+        "cutlass_dsl_version": _distribution_version("nvidia-cutlass-dsl"),
     }
     if info:
         entry["info"] = info
     _write_manifest_entry(out, stem, entry)
     return lib_path
-
-
-def _dsl_version() -> str:
-    try:
-        import importlib.metadata
-
-        return importlib.metadata.version("nvidia-cutlass-dsl")
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def _build_hint(arch: str, directory) -> str:
