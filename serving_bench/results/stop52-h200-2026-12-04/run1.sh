@@ -15,7 +15,7 @@ repo=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader
 (cd /tmp && python3 -m moe2cta aot check "$repo/.kernels/c18" > $OUT/aot-check.txt 2>&1; echo "=== aot check rc=$?"; tail -3 $OUT/aot-check.txt | cut -c1-250)
 cd /tmp
-timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests" > $OUT/all-tests.txt 2>&1
+timeout 540 python3 -m pytest -q -m gpu -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests" > $OUT/all-tests.txt 2>&1
 echo "=== all gpu tests rc=$? $((SECONDS - start)) s"; grep -E "FAILED|ERROR|SKIPPED|passed|failed" $OUT/all-tests.txt | tail -16 | cut -c1-300
 left=$((590 - SECONDS))
 timeout $left python3 -m pytest -q -p no:cacheprovider --rootdir "$repo" -rs "$repo/tests/test_router_triton.py" > $OUT/router-compiled.txt 2>&1
