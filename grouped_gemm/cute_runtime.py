@@ -66,6 +66,7 @@ __all__ = [
     "load_kernel",
     "read_manifest",
     "kernel_sources_digest",
+    "SOURCES_UNAVAILABLE",
     "KernelCache",
 ]
 
@@ -356,6 +357,9 @@ def tvm_ffi_available() -> bool:
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 _FAMILY_MODULES = {"sm90_grouped_gemm": "sm90_grouped_gemm", "sm100_grouped_gemm": "sm100_grouped_gemm"}
 _NOT_KERNEL_SOURCES = frozenset({"cute_runtime"})  # this loader: it shapes no kernel
+# kernel_sources_digest's answer where this install holds no source of the family's module (bytecode only, zipped):
+# it matches no manifest entry, and export_kernel refuses to record it
+SOURCES_UNAVAILABLE = "unavailable"
 
 
 def _package_imports(source: str) -> set[str]:
@@ -372,10 +376,13 @@ def _package_imports(source: str) -> set[str]:
 
 def kernel_source_files(family: str, package_dir: pathlib.Path | None = None) -> list[pathlib.Path] | None:
     """The files whose code a `family` kernel is built from: the family's module and, transitively, every module of
-    this package it imports (the loader excepted), sorted; None for a family this runtime does not know."""
+    this package it imports (the loader excepted), sorted; None for a family this runtime does not know; [] where the
+    family's module has no source file here (an install of bytecode only, or a zipped one)."""
     if family not in _FAMILY_MODULES:
         return None
     package_dir = _PACKAGE_DIR if package_dir is None else pathlib.Path(package_dir)
+    if not (package_dir / f"{_FAMILY_MODULES[family]}.py").is_file():
+        return []
     seen: set[str] = set()
     todo = [_FAMILY_MODULES[family]]
     while todo:
@@ -395,12 +402,13 @@ _DIGESTS: dict = {}
 
 def kernel_sources_digest(family: str, package_dir: pathlib.Path | None = None) -> str | None:
     """sha256 (hex) over the names and bytes of kernel_source_files(family): what a bundle's manifest records for each
-    kernel and what load_kernel compares. None for a family this runtime does not know. Computed once per process."""
+    kernel and what load_kernel compares. None for a family this runtime does not know, SOURCES_UNAVAILABLE where this
+    install holds no source of it. Computed once per process."""
     cache_key = (family, None if package_dir is None else str(package_dir))
     if cache_key not in _DIGESTS:
         files = kernel_source_files(family, package_dir)
-        if files is None:
-            _DIGESTS[cache_key] = None
+        if not files:
+            _DIGESTS[cache_key] = None if files is None else SOURCES_UNAVAILABLE
         else:
             digest = hashlib.sha256()
             for path in files:
@@ -465,6 +473,8 @@ def provenance_problem(key: "KernelKey", directory: pathlib.Path) -> str | None:
     expected = kernel_sources_digest(key.family)
     if expected is None:
         return None
+    if expected == SOURCES_UNAVAILABLE:
+        return _NO_SOURCES
     try:
         entry = _manifest_entry(directory, key.file_stem())
     except ValueError as error:
@@ -479,6 +489,10 @@ def provenance_problem(key: "KernelKey", directory: pathlib.Path) -> str | None:
         return (f"it was built from other kernel sources (digest {str(recorded)[:12]}, moe2cta {built_by}) than this "
                 f"moe2cta runs ({expected[:12]}, moe2cta {_distribution_version('moe2cta')}), so its code may differ")
     return None
+
+
+_NO_SOURCES = ("this moe2cta install holds no source of its kernel modules (bytecode only, or zipped), so the bundle's "
+               f"provenance cannot be checked; ${KERNEL_PROVENANCE_ENV}=warn loads bundles unchecked")
 
 
 def bundle_provenance_problem(directory: pathlib.Path, family: str) -> str | None:
@@ -496,6 +510,8 @@ def bundle_provenance_problem(directory: pathlib.Path, family: str) -> str | Non
     if (expected is None or provenance_policy() is Provenance.WARN
             or any(e.get("kernel_sources") == expected for e in entries)):
         return None
+    if expected == SOURCES_UNAVAILABLE:
+        return f"the bundle {directory} cannot serve this install: {_NO_SOURCES}"
     return (f"the bundle {directory} was built from other kernel sources than this moe2cta's (rebuild it with "
             f"{_build_hint(entries[0]['key'].get('arch', 'ARCH'), directory)})")
 
@@ -573,6 +589,10 @@ def export_kernel(
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = key.file_stem()
+    sources = kernel_sources_digest(key.family)
+    if sources == SOURCES_UNAVAILABLE:
+        raise RuntimeError(f"export_kernel: {stem}: this moe2cta install holds no source of its kernel modules, so the "
+                           "bundle could not record what the kernel was built from; build from a source install")
     lib_path = out / f"{stem}.so"
     with tempfile.TemporaryDirectory() as tmp:
         obj = pathlib.Path(tmp) / f"{stem}.o"
@@ -599,7 +619,7 @@ def export_kernel(
         "function": key.function_name(),
         "ptx": ptx_file.name if ptx_file else None,
         "smem_bytes": smem_bytes,
-        "kernel_sources": kernel_sources_digest(key.family),
+        "kernel_sources": sources,
         "moe2cta_version": _distribution_version("moe2cta"),
         "cutlass_dsl_version": _distribution_version("nvidia-cutlass-dsl"),
     }

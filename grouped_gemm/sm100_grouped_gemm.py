@@ -1048,7 +1048,8 @@ def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: 
     if out is None:
         out = torch.empty(a.shape[0], two_i // 2, dtype=a.dtype, device=a.device)
     else:
-        check_out(out, a.shape[0], two_i // 2, a)
+        check_out(out, a.shape[0], two_i // 2, a, packed_w13=packed_w13, row_offsets=row_offsets, counts=counts,
+                  b13=b13)
     bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, a.shape[0], b13, None, a.device)
     return _launch(config, problem, a, packed_w13, out, row_offsets, counts, bias, None)
 
@@ -1068,6 +1069,7 @@ def sm100_grouped_gemm2(a: torch.Tensor, w2: torch.Tensor, row_offsets: torch.Te
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
     else:
-        check_out(out, a.shape[0], hidden, a)
+        check_out(out, a.shape[0], hidden, a, w2=w2, row_offsets=row_offsets, counts=counts, row_scale=row_scale,
+                  b2=b2)
     bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale, a.device)
     return _launch(config, problem, a, w2, out, row_offsets, counts, bias, row_scale)

@@ -31,6 +31,7 @@ from . import l2_sides
 from .budget import ARCH_LIMITS, Arch, WorkUnit
 from .cute_runtime import KernelCache, KernelKey
 from .epilogue import Activation, GemmStage, pack_gate_up_rows, parse_epilogue_name
+from .operands import require_own_memory
 from .sm90_config import (  # the configuration layer, re-exported
     FAMILY, ENTRY_ABI, EPILOGUE_SMEM_STAGES, EPILOGUE_TILE_N, N_TAIL_ALIGN, BARRIER_RESERVE_BYTES, METADATA_RESERVE_BYTES,
     Scheduler, Raster, GROUPED_RASTERS, Consumers, PaddingRows, EpilogueStore, ASource, ExpertSplit, DependentLaunch,
@@ -640,26 +641,17 @@ def _check_common(a, w, row_offsets, counts, name_w):
         raise ValueError("a, w: expected contiguous (K-major) tensors")
 
 
-def check_out(out, rows: int, n_out: int, a: torch.Tensor) -> None:
+def check_out(out, rows: int, n_out: int, a: torch.Tensor, **reads) -> None:
     """A caller's `out` for a GEMM of `rows` x `n_out` on `a` (sm90 and sm100): shape, dtype, device, layout, and no
-    memory shared with `a` (every block of A is read by several CTAs while others store C: an overlap would feed
-    them outputs)."""
+    memory shared with `a` or any other operand the kernel reads (`reads`: name -> tensor or None). Every block of A
+    is read by several CTAs while others store C: an overlap would feed them outputs. The wrappers check only a
+    caller's `out`, not the one they allocate."""
     if not isinstance(out, torch.Tensor) or out.shape != (rows, n_out) or out.dtype != a.dtype \
             or out.device != a.device or not out.is_contiguous() or out.data_ptr() % 16:
         raise TypeError(f"out: expected a contiguous 16-byte aligned [{rows}, {n_out}] {a.dtype} tensor on {a.device}, "
                         f"got {tuple(getattr(out, 'shape', ()))} {getattr(out, 'dtype', type(out).__name__)} on "
                         f"{getattr(out, 'device', None)}")
-    if out.numel() and a.numel():
-        out_end = out.data_ptr() + out.numel() * out.element_size()
-        a_end = a.data_ptr() + _span_elements(a) * a.element_size()
-        if out.data_ptr() < a_end and a.data_ptr() < out_end:
-            raise ValueError("out: expected memory of its own, got one that overlaps a (the GEMM reads a while it "
-                             "writes out)")
-
-
-def _span_elements(t: torch.Tensor) -> int:
-    """Elements from t's first to one past its last (its strides' reach; t.numel() when contiguous)."""
-    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
+    require_own_memory(out, a=a, **{name: t.values if isinstance(t, KernelBias) else t for name, t in reads.items()})
 
 
 _KERNELS_BY_LAUNCH: dict = {}  # (config, problem, directory) -> the kernel: one lookup per launch on the hot path
@@ -834,7 +826,9 @@ def sm90_grouped_gemm1(
     config = config or config_for_rows(problem, rows_per_expert, rows)
     if out is None:
         out = torch.empty(rows, two_i // 2, dtype=a.dtype, device=a.device)
-    check_out(out, rows, two_i // 2, a)
+    else:
+        check_out(out, rows, two_i // 2, a, packed_w13=packed_w13, row_offsets=row_offsets, counts=counts, b13=b13,
+                  a_rows=a_rows)
     bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, rows, b13, None, a.device)
     if a_rows is not None and a.shape[0] == 0:  # no tokens: every row is padding (never read)
         return out
@@ -863,7 +857,8 @@ def sm90_grouped_gemm2(
     config = config or config_for_rows(problem, rows_per_expert, a.shape[0])
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
-    check_out(out, a.shape[0], hidden, a)
+    else:
+        check_out(out, a.shape[0], hidden, a, w2=w2, row_offsets=row_offsets, counts=counts, row_scale=row_scale, b2=b2)
     bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale, a.device)
     return _run(config, problem, a, w2, out, row_offsets, counts, bias, row_scale, kernel_directory, align=align)
 

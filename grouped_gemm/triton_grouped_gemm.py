@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 
 from .epilogue import GATE_UP_CHUNK, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, Activation, GemmStage, W13Layout
+from .operands import require_own_memory
 
 __all__ = [
     "DEFAULT_TILE_HEIGHTS",
@@ -636,9 +637,13 @@ def _launch(
             raise ValueError("row_scale: expected a contiguous tensor (the kernel reads it with stride 1)")
     if out is None:
         out = torch.empty(max_rows, n_dim, dtype=a.dtype, device=device)
-    elif out.shape != (max_rows, n_dim) or out.dtype != a.dtype or out.device != device:
-        raise ValueError(f"out: expected {a.dtype} [{max_rows}, {n_dim}] on {device}, got "
-                         f"{out.dtype} {list(out.shape)} on {out.device}")
+    else:
+        if out.shape != (max_rows, n_dim) or out.dtype != a.dtype or out.device != device:
+            raise ValueError(f"out: expected {a.dtype} [{max_rows}, {n_dim}] on {device}, got "
+                             f"{out.dtype} {list(out.shape)} on {out.device}")
+        require_own_memory(out, a=a, **{w_name: w, "row_offsets": row_offsets, "counts": counts,
+                                        "tile_offsets": tile_offsets, b_name: bias, "row_scale": row_scale,
+                                        "a_rows": a_rows})
 
     if config is not None and not isinstance(config, TritonGemmConfig):
         raise TypeError(f"config: expected a TritonGemmConfig or None, got {type(config).__name__}")

@@ -42,6 +42,7 @@ import functools
 import importlib
 import math
 import os
+import warnings
 
 import torch
 
@@ -75,6 +76,8 @@ CUTE_DIM_MULTIPLE = 64
 CUTE_ARCH_MODULES = {(9, 0): "sm90_grouped_gemm", (10, 0): "sm100_grouped_gemm"}
 CUTE_INTERMEDIATE_MULTIPLE = {(9, 0): 8, (10, 0): 64}
 CUTE_ALIGN_MULTIPLE = 128
+# the reason _layer_support gives where CUTE has neither the DSL nor a bundle that can serve this version
+NO_CUTE_KERNELS = "neither the CuTe DSL compiler nor a kernel bundle is available"
 # AUTO on sm_90 (auto_triton_max_tokens): TRITON only where its token GEMVs beat the CuTe decode kernels, CUTE for
 # every other batch. Measured on the H200 (serving_bench/results/auto-decode-h200-2026-12-01/, T = 1..32, two runs in
 # both orders): the token GEMVs win below their own token limit (qwen3-30b-a3b T <= 6 of 8: 0.74-0.98 of CUTE's time;
@@ -206,7 +209,7 @@ def _layer_support(
                 family = getattr(module, "FAMILY", module.__name__.rsplit(".", 1)[-1])
                 problem = runtime.bundle_provenance_problem(directory, family)
             if problem is not None:
-                return False, f"{name}: neither the CuTe DSL compiler nor a kernel bundle is available ({problem})"
+                return False, f"{name}: {NO_CUTE_KERNELS} ({problem})"
     # Both GPU backends route, dispatch, gather and combine with the Triton router kernels.
     router, reason = _optional_module("router.api")
     if router is None:
@@ -315,6 +318,8 @@ def _select_backend(requested: Backend, *, expert_bytes: int | None = None, toke
             supported.append(candidate)
         else:
             skipped.append(reason)
+            if candidate is Backend.CUTE:
+                _warn_configured_bundle_refused(reason)
     if supported == [Backend.TRITON, Backend.CUTE] and (
             torch.cuda.get_device_capability(facts["device"]) in AUTO_SPLIT_CAPABILITIES) and (
             _layer_support(Backend.TRITON, **{**facts, "w13_layout": W13Layout.CHUNKED})[0]):  # the shared packed w13
@@ -326,6 +331,15 @@ def _select_backend(requested: Backend, *, expert_bytes: int | None = None, toke
     if supported:
         return BackendPlan.single(supported[0]), "; ".join(skipped + [f"auto -> {supported[0].value}"])
     return BackendPlan.single(Backend.TORCH), "; ".join(skipped + ["auto -> torch"])
+
+
+def _warn_configured_bundle_refused(reason: str) -> None:
+    """A deployment that names a kernel bundle (MOE2CTA_KERNEL_DIR) on a machine without the CuTe DSL expects the
+    CuTe kernels; where the bundle cannot serve them (stale, another version, mistyped), AUTO plans the slower Triton
+    kernels. That is said here as a RuntimeWarning (once per reason), not only in MoELayer.backend_reason."""
+    runtime, _ = _optional_module("grouped_gemm.cute_runtime")
+    if NO_CUTE_KERNELS in reason and runtime is not None and runtime.kernel_dir() is not None:
+        warnings.warn(f"moe2cta: backend AUTO plans without the CuTe kernels: {reason}", RuntimeWarning, stacklevel=3)
 
 
 def is_supported(

@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -327,6 +328,7 @@ def test_cute_needs_a_bundle_directory_that_exists_where_the_dsl_is_absent(monke
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(rt, "dsl_available", lambda: False)
+    _layer_support = api._layer_support
     facts = dict(dtype=torch.bfloat16, device=torch.device("cuda", 0), hidden=256, intermediate=128,
                  num_experts=16, num_global_experts=16, config=MoEConfig(RoutingConfig(top_k=4)))
     for value, expected in ((None, "MOE2CTA_KERNEL_DIR unset"), (tmp_path / "typo", "typo does not exist")):
@@ -344,6 +346,18 @@ def test_cute_needs_a_bundle_directory_that_exists_where_the_dsl_is_absent(monke
     rt._write_manifest_entry(tmp_path, key.file_stem(), {"key": key.to_json(), "kernel_sources": "0" * 64})
     ok, reason = api._layer_support(Backend.CUTE, **facts)
     assert not ok and "was built from other kernel sources than this moe2cta's" in reason
+    # AUTO then plans Triton, and says so beyond backend_reason: the deployment named a bundle it cannot use
+    monkeypatch.setattr(api, "_layer_support", lambda backend, **f: (True, "") if backend is Backend.TRITON
+                        else _layer_support(backend, **f))
+    with pytest.warns(RuntimeWarning, match="AUTO plans without the CuTe kernels: cute: neither .* other kernel sources"):
+        plan, _ = api._select_backend(Backend.AUTO, **facts)
+    assert plan == moe2cta.BackendPlan.single(Backend.TRITON)
+    monkeypatch.delenv(rt.KERNEL_DIR_ENV)  # no bundle named: nothing to warn of
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert api._select_backend(Backend.AUTO, **facts)[0] == moe2cta.BackendPlan.single(Backend.TRITON)
+    monkeypatch.setenv(rt.KERNEL_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(api, "_layer_support", _layer_support)
     monkeypatch.setenv(rt.KERNEL_PROVENANCE_ENV, "warn")  # (an A/B against an older bundle)
     assert api._layer_support(Backend.CUTE, **facts) == (True, "")
     monkeypatch.delenv(rt.KERNEL_PROVENANCE_ENV)

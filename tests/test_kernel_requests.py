@@ -338,6 +338,38 @@ def test_the_kernel_sources_digest_follows_every_kernel_source_and_nothing_else(
         assert (rt.kernel_sources_digest(family, edited) != rt.kernel_sources_digest(family)) is changes, name
 
 
+def test_an_install_without_kernel_sources_checks_no_bundle_silently(tmp_path, monkeypatch):
+    """An install of bytecode only (or a zipped one) has no source to digest. Its digest is SOURCES_UNAVAILABLE, not
+    the digest of no file: no bundle matches it, the refusal says why and how to load unchecked, and export refuses
+    to record it (which would let any such install accept any bundle)."""
+    import compileall
+    import shutil as _shutil
+
+    package = pathlib.Path(rt.__file__).resolve().parent
+    bytecode = tmp_path / "package"
+    _shutil.copytree(package, bytecode, ignore=_shutil.ignore_patterns("__pycache__"))
+    assert compileall.compile_dir(str(bytecode), quiet=1, legacy=True)
+    for source in bytecode.glob("*.py"):
+        source.unlink()
+    family = _key().family
+    assert rt.kernel_source_files(family, bytecode) == []
+    assert rt.kernel_sources_digest(family, bytecode) == rt.SOURCES_UNAVAILABLE
+
+    _stamp(tmp_path, sources="this")  # a bundle of this version's sources
+    monkeypatch.setattr(rt, "_PACKAGE_DIR", bytecode)
+    monkeypatch.setattr(rt, "_DIGESTS", {})
+    monkeypatch.delenv(rt.KERNEL_PROVENANCE_ENV, raising=False)
+    assert "holds no source of its kernel modules" in rt.provenance_problem(_key(), tmp_path)
+    problem = rt.bundle_provenance_problem(tmp_path, family)
+    assert "holds no source of its kernel modules" in problem and f"{rt.KERNEL_PROVENANCE_ENV}=warn" in problem
+    monkeypatch.setenv(rt.KERNEL_PROVENANCE_ENV, "warn")
+    assert rt.bundle_provenance_problem(tmp_path, family) is None
+    pytest.importorskip("cutlass.cute")
+    with pytest.raises(RuntimeError, match="holds no source of its kernel modules"):
+        rt.export_kernel(object(), _key(), tmp_path / "out", keep_ptx=False)
+    assert not (tmp_path / "out" / f"{_key().file_stem()}.so").exists()
+
+
 def test_aot_check_names_each_kernel_this_version_would_not_load(tmp_path, capsys):
     other = s90.kernel_key(dataclasses.replace(SMALL_CONFIG, stages=3), SMALL_PROBLEM)
     third = s90.kernel_key(dataclasses.replace(SMALL_CONFIG, stages=4), SMALL_PROBLEM)

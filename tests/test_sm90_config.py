@@ -708,3 +708,20 @@ def test_check_out_refuses_an_out_that_shares_memory_with_a():
         s90.check_out(a[128:], 128, 128, a[:200])
     s90.check_out(torch.empty(256, 128, dtype=torch.bfloat16), 256, 128, a)  # its own memory
     s90.check_out(a[128:], 128, 128, a[:128])  # adjacent, not overlapping
+    # nor with any other operand the kernel reads, named; a KernelBias by its values
+    w = torch.zeros(2, 256, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="overlaps w2"):
+        s90.check_out(w[1], 256, 128, a, w2=w, row_scale=None)
+    scale = torch.zeros(300 * 64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="overlaps row_scale"):  # out's first row holds row_scale's last entries
+        s90.check_out(scale[256:].view(torch.bfloat16)[: 256 * 128].view(256, 128), 256, 128, a, row_scale=scale[:300])
+    bias = s90.kernel_bias(s90.GemmStage.GEMM2, torch.zeros(2, 128))
+    with pytest.raises(ValueError, match="overlaps b2"):
+        s90.check_out(bias.values.view(torch.bfloat16).view(-1)[:256].view(2, 128), 2, 128,
+                      torch.zeros(2, 64, dtype=torch.bfloat16), b2=bias)
+    # a strided operand reaches to its last element, past its element count
+    strided = torch.zeros(512, 128, dtype=torch.bfloat16)[::2]
+    last_rows = torch.as_strided(strided, (2, 128), (128, 1), 128 * 509)  # rows 509-510 of the base: inside the reach
+    with pytest.raises(ValueError, match="overlaps a_rows"):
+        s90.check_out(last_rows, 2, 128, a, a_rows=strided)
+    s90.check_out(torch.as_strided(strided, (1, 128), (128, 1), 128 * 511), 1, 128, a, a_rows=strided)  # past it

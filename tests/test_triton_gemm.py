@@ -371,6 +371,16 @@ def test_can_implement_and_argument_errors():
         triton_grouped_gemm2(a, torch.randn(4, 16, 32), *args, row_scale=torch.rand(3))
     with pytest.raises(TypeError, match="a:"):
         triton_grouped_gemm2(a.numpy(), torch.randn(4, 16, 32), *args)
+    # a caller's out may share no memory with an operand the kernel reads (it reads them while it stores)
+    w2 = torch.randn(4, 16, 32)
+    with pytest.raises(ValueError, match="^out: expected memory of its own, got one that overlaps a "):
+        triton_grouped_gemm2(a, w2, *args, out=a[:, :16])
+    storage = torch.randn(1024 + a.shape[0] * 16)  # w2's last half and out's first rows
+    with pytest.raises(ValueError, match="overlaps w2"):
+        triton_grouped_gemm2(a, storage[:2048].view(4, 16, 32), *args, out=storage[1024:].view(a.shape[0], 16))
+    scale = torch.rand(a.shape[0] * 17 - 1)
+    with pytest.raises(ValueError, match="overlaps row_scale"):
+        triton_grouped_gemm2(a, w2, *args, row_scale=scale[: a.shape[0]], out=scale[a.shape[0] - 1:].view(a.shape[0], 16))
 
 
 # ---------------------------------------------------------------------------------------------- GPU tier
