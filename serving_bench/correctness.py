@@ -20,7 +20,8 @@ import torch
 from moe2cta.grouped_gemm import Activation, apply_activation
 from moe2cta.grouped_gemm.reference import fp32_matmuls
 
-__all__ = ["CheckStatus", "Verdict", "sample_rows", "moe_rows", "ReferenceRows", "make_reference", "check_output"]
+__all__ = ["CheckStatus", "Verdict", "sample_rows", "moe_rows", "ReferenceRows", "AmbiguousRows", "make_reference",
+           "check_output"]
 
 AMBIGUOUS_MARGIN = 1e-6  # selection-score gap (fp32 units) under which a row's top-k is ambiguous
 # relative Frobenius error always accepted, per activation dtype (bf16 has 8 mantissa bits)
@@ -37,11 +38,23 @@ class CheckStatus(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     status: CheckStatus
-    rel_err: float
+    rel_err: float  # over every checked row (NaN where the output could not be compared)
     tolerance: float
     rows_checked: int
     rows_ambiguous: int
     reason: str = ""
+    row_err: float | None = None  # the worst checked row's error (None where the whole-output check decided)
+    row_tolerance: float | None = None
+
+    @property
+    def margin_used(self) -> float:
+        """The larger of rel_err / tolerance and row_err / row_tolerance (inf where nothing could be compared)."""
+        if self.rel_err != self.rel_err:
+            return float("inf")
+        used = self.rel_err / self.tolerance
+        if self.row_err is not None and self.row_tolerance:
+            used = max(used, self.row_err / self.row_tolerance)
+        return used
 
 
 def sample_rows(num_tokens: int, max_rows: int | None, device) -> torch.Tensor:
@@ -113,6 +126,10 @@ def _row_errs(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(got.float() - expected, dim=1) / norms.clamp_min(max(floor, 1e-30))
 
 
+class AmbiguousRows(ValueError):
+    """Every row make_reference would check has an ambiguous top-k: no backend can be checked on this input."""
+
+
 def make_reference(hidden, weights, routed, activation: Activation, *, max_rows: int | None = None) -> ReferenceRows:
     """fp32 expected rows (every row, or max_rows evenly spaced ones) and the tolerance for one input; `routed` comes
     from routing_twin.route_twin."""
@@ -121,7 +138,7 @@ def make_reference(hidden, weights, routed, activation: Activation, *, max_rows:
     ambiguous = int((~clear).sum())
     rows = rows[clear]
     if rows.numel() == 0:
-        raise ValueError("hidden: every sampled row has an ambiguous top-k; use another seed")
+        raise AmbiguousRows("hidden: every sampled row has an ambiguous top-k; use another seed")
     args = (weights.w13, weights.w2, routed.topk_weights[rows], routed.topk_ids[rows], activation, weights.b13, weights.b2)
     with fp32_matmuls():  # an fp32 reference must not run in TF32
         expected = moe_rows(hidden[rows], *args, compute_dtype=torch.float32)
@@ -153,9 +170,11 @@ def check_output(out: torch.Tensor, reference: ReferenceRows, num_tokens: int, h
                        f"relative error {err:.2e} > tolerance {reference.tolerance:.2e}")
     row_errs = _row_errs(got, reference.expected)
     worst = int(row_errs.argmax()) if row_errs.numel() else 0
-    if row_errs.numel() and float(row_errs[worst]) > reference.row_tolerance:
+    row_err = float(row_errs[worst]) if row_errs.numel() else 0.0
+    if row_err > reference.row_tolerance:
         return Verdict(CheckStatus.FAIL, err, reference.tolerance, n, reference.rows_ambiguous,
-                       f"token row {int(reference.rows[worst])}: relative error {float(row_errs[worst]):.2e} > row "
+                       f"token row {int(reference.rows[worst])}: relative error {row_err:.2e} > row "
                        f"tolerance {reference.row_tolerance:.2e} (the same-dtype run's worst row: "
-                       f"{reference.twin_row_err:.2e})")
-    return Verdict(CheckStatus.PASS, err, reference.tolerance, n, reference.rows_ambiguous)
+                       f"{reference.twin_row_err:.2e})", row_err, reference.row_tolerance)
+    return Verdict(CheckStatus.PASS, err, reference.tolerance, n, reference.rows_ambiguous, "", row_err,
+                   reference.row_tolerance)

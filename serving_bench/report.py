@@ -18,7 +18,7 @@ METHOD = (
     "row (or on sampled rows with --check-rows N; tolerance: 2x the error of a same-dtype torch run over the rows, "
     "and for each row 3x the same-dtype run's worst row), into memory filled with NaN; a wrong backend is reported, "
     "not timed; after timing, each rotated input's timed graph replays once more alone and its output is checked the "
-    "same way. GPU timing: warm-up, one CUDA graph "
+    "same way (a backend timed eagerly, whose capture failed, has only the first check). GPU timing: warm-up, one CUDA graph "
     "per rotated input (inputs rotated so they do not sit in L2; every preset's weights exceed L2), replayed "
     "round-robin between CUDA events; median and percentiles over replays. Backends run one after the other "
     "(sequential order, default) or, with the interleaved order, every cell replays all of its backends in the same "

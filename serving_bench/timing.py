@@ -249,6 +249,7 @@ def time_interleaved(
         checks[name] = []
         for rotation, output in enumerate(outputs.get(name) or ()):
             if not (isinstance(output, torch.Tensor) and output.is_floating_point()):
+                checks[name].append(None)  # (kept by rotation: checks[name][r] is rotation r's)
                 continue
             try:
                 output.fill_(float("nan"))

@@ -15,6 +15,7 @@ from moe2cta.grouped_gemm import Activation
 from moe2cta.presets import PRESETS, custom_preset, get_preset
 from moe2cta.router import RoutingConfig, Scoring
 from moe2cta.serving_bench import backends as backends_mod
+from moe2cta.serving_bench import runner
 from moe2cta.serving_bench.backends import BACKENDS, BackendFamily, BackendSpec, make_expert_weights
 from moe2cta.serving_bench.correctness import CheckStatus, check_output, make_reference, moe_rows
 from moe2cta.serving_bench.distributions import (
@@ -235,6 +236,11 @@ def test_check_catches_a_fault_confined_to_one_row_of_many():
     verdict = check_output(bad, reference, 2048, preset.hidden)
     assert verdict.rel_err <= reference.tolerance  # the whole-output error alone would pass it
     assert verdict.status is CheckStatus.FAIL and f"token row {row}:" in verdict.reason
+    # the verdict carries the figures that failed it (a report of rel_err < tolerance alone would read as a pass)
+    assert verdict.row_err > verdict.row_tolerance == reference.row_tolerance and verdict.margin_used > 1
+    passed = check_output(good, reference, 2048, preset.hidden)
+    assert passed.row_err <= passed.row_tolerance and passed.margin_used <= 1
+    assert runner._worst([passed, verdict]) is verdict  # the rotation closest to failing, by either bound
 
 
 def _rotation_wrong_build(preset, weights):
@@ -263,6 +269,35 @@ def test_every_rotated_input_is_checked(monkeypatch):
     by = {r.backend: r for r in bench.results}
     assert by["torch-loop"].status is CaseStatus.OK
     assert by["rot-wrong"].status is CaseStatus.WRONG and "rotated input 1" in by["rot-wrong"].reason
+
+
+def test_a_rotated_input_with_no_checkable_row_is_drawn_again(monkeypatch):
+    """At T=1 one near-tie leaves no row to check: that rotated input is drawn again from another seed (the first draw
+    keeps the seed every run used) instead of the model's every cell reporting an error."""
+    from moe2cta.serving_bench.correctness import AmbiguousRows
+    from moe2cta.serving_bench.runner import RunConfig
+
+    calls = []
+    real = runner.make_reference
+
+    def first_draw_of_rotation_1_ambiguous(hidden, *args, **kwargs):
+        calls.append(hidden)
+        if len(calls) == 2:
+            raise AmbiguousRows("hidden: every sampled row has an ambiguous top-k; use another seed")
+        return real(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "make_reference", first_draw_of_rotation_1_ambiguous)
+    preset = custom_preset(TINY)
+    run = RunConfig(models=(preset,), sweep_tokens=(1,), distributions=(RoutingDistribution.parse("uniform"),),
+                    backends=("torch-loop",), device=torch.device("cpu"), ceilings=DEFAULT_CEILINGS,
+                    timing=dataclasses.replace(FAST_TIMING, rotation_bytes=1 << 30, max_rotation=3), dtype=torch.float32)
+    weights = make_expert_weights(preset, "cpu", seed=0)
+    case = runner._make_case(preset, weights, 1, run.distributions[0], run)
+    assert len(calls) == 4 and len(case.inputs) == 3 and len(case.references) == 3  # rotation 1 drawn twice
+    assert not torch.equal(calls[1], calls[2]) and torch.equal(case.inputs[1][0], calls[2])
+    monkeypatch.setattr(runner, "make_reference", lambda *a, **k: (_ for _ in ()).throw(AmbiguousRows("none")))
+    with pytest.raises(AmbiguousRows):  # (every draw ambiguous: the model's preparation reports it)
+        runner._make_case(preset, weights, 1, run.distributions[0], run)
 
 
 def test_ambiguous_rows_are_left_out():
