@@ -17,7 +17,8 @@ the family's module and every module of this package it imports, the loader exce
 library whose entry is missing or names other sources, because a kernel fix that changes no key field would otherwise
 keep running the old code. Where the DSL is present the cache then compiles the kernel instead. For an A/B of an older
 bundle beside a new one (a benchmark timing both), MOE2CTA_KERNEL_PROVENANCE=warn (read at each load) loads such a
-library with a RuntimeWarning instead.
+library with a RuntimeWarning instead. An install without the sources (bytecode only, zipped) has no digest to compare:
+it refuses every library with that reason unless the variable says warn, and exports none.
 
 Kernel requests: where a kernel can be neither loaded nor compiled, and a requests file is named (argument, or
 MOE2CTA_KERNEL_REQUESTS read at call time), the cache appends one JSON line for it (family, configuration,
