@@ -115,10 +115,11 @@ import math
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+from cutlass.tensor_utils import LayoutEnum
 
 # epilogue kinds (strings so they are static and hashable) and the epilogue's helpers
 from .cute_epilogue import GATED_EPILOGUES, Sm90EpilogueMixin
@@ -262,8 +263,8 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype,
             self.ab_dtype,
-            cute.nvgpu.warpgroup.OperandMajorMode.K,
-            cute.nvgpu.warpgroup.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
             self.acc_dtype,
             (self.mma_wg, 1, 1),
             tiler_mn=(64, self.tile_n),
@@ -272,19 +273,19 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         self.out_tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype,
             self.ab_dtype,
-            cute.nvgpu.warpgroup.OperandMajorMode.K,
-            cute.nvgpu.warpgroup.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
             self.acc_dtype,
             (self.mma_wg, 1, 1),
             tiler_mn=(64, self.out_tile_n),
         )
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
         self.epi_tile = (self.tile_m, min(32, self.out_tile_n)) if self.mma_wg > 1 else (64, min(32, self.out_tile_n))
-        a_layout = utils.LayoutEnum.from_tensor(a)
-        c_layout = utils.LayoutEnum.from_tensor(c)
+        a_layout = LayoutEnum.from_tensor(a)
+        c_layout = LayoutEnum.from_tensor(c)
         self.c_layout = c_layout
         a_smem_staged = sm90_utils.make_smem_layout_a(a_layout, tile_mnk, self.ab_dtype, self.stages)
-        b_smem_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile_mnk, self.ab_dtype, self.stages)
+        b_smem_staged = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tile_mnk, self.ab_dtype, self.stages)
         epi_buffers = self.epi_stages * (2 if self.pingpong else 1)  # pingpong: one set per warpgroup
         epi_smem_staged = sm90_utils.make_smem_layout_epi(self.c_dtype, c_layout, self.epi_tile, epi_buffers)
 
@@ -544,7 +545,7 @@ class Sm90GroupedGemmKernel(Sm90EpilogueMixin):
         cluster_id = bidx // self.cluster_m
         num_clusters = gdim // self.cluster_m
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         cta_layout_vmnk = cute.make_layout((1, self.cluster_m, 1, 1))
         num_consumer_warps = self.num_consumer_wg * 4

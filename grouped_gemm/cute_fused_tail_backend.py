@@ -47,10 +47,11 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.pipeline import pipeline_init_wait
+from cutlass.tensor_utils import LayoutEnum
 
 from .cute_backend import PADDING_SKIP, SCHED_DYNAMIC, Sm90GroupedGemmKernel
 
@@ -83,7 +84,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
         self.n = b.shape[1]
         self.n_blocks = (self.n + self.tile_n - 1) // self.tile_n
         self.c_dtype = c.element_type
-        kmajor = cute.nvgpu.warpgroup.OperandMajorMode.K
+        kmajor = cute.nvgpu.OperandMajorMode.K
 
         def one_warpgroup_mma(columns):
             return sm90_utils.make_trivial_tiled_mma(self.ab_dtype, self.ab_dtype, kmajor, kmajor, self.acc_dtype,
@@ -95,16 +96,16 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
         out_tail_mma = one_warpgroup_mma(self.out_slice_n)
         # sub-tiles that divide both output tiles (gpt-oss GEMM1: 96 and 48 columns); can_implement keeps them >= 16
         self.epi_tile = (BOX_ROWS, 32 if self.out_slice_n % 32 == 0 else 16)
-        a_layout = utils.LayoutEnum.from_tensor(a)
-        self.c_layout = utils.LayoutEnum.from_tensor(c)
+        a_layout = LayoutEnum.from_tensor(a)
+        self.c_layout = LayoutEnum.from_tensor(c)
         # A as 64-row boxes (stage s, box j = box-stage s * FUSED_BOXES + j) and B as its whole tile and as slices
         # (stage s, slice h = s * tail_slices + h), over the same bytes: a K-major tile whose tile_k is its swizzle width
         # (tile_k 64: 128B, 32: 64B) is a stack of 8-row atoms, so row boxes tile it exactly
         a_box_staged = sm90_utils.make_smem_layout_a(a_layout, (BOX_ROWS, self.tile_n, self.tile_k), self.ab_dtype,
                                                      self.stages * FUSED_BOXES)
-        b_smem_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (BOX_ROWS, self.tile_n, self.tile_k),
+        b_smem_staged = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BOX_ROWS, self.tile_n, self.tile_k),
                                                       self.ab_dtype, self.stages)
-        b_slice_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (BOX_ROWS, self.slice_n, self.tile_k),
+        b_slice_staged = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BOX_ROWS, self.slice_n, self.tile_k),
                                                       self.ab_dtype, self.stages * self.tail_slices)
         epi_smem_staged = sm90_utils.make_smem_layout_epi(self.c_dtype, self.c_layout, self.epi_tile,
                                                           self.epi_stages * self.num_consumer_wg)
@@ -202,7 +203,7 @@ class Sm90FusedTailGroupedGemmKernel(Sm90GroupedGemmKernel):
         rank = cutlass.Int32(0)  # cluster 1: the base helpers' rank and (unused) pair threshold
         pair_threshold = cutlass.Int32(0)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         # (the producer sets each unit's transaction bytes itself)
         mainloop, sched = self.single_cta_pipelines(storage, self.b_bytes + FUSED_BOXES * self.box_bytes)

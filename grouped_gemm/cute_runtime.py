@@ -23,7 +23,7 @@ it refuses every library with that reason unless the variable says warn, and exp
 Kernel requests: where a kernel can be neither loaded nor compiled, and a requests file is named (argument, or
 MOE2CTA_KERNEL_REQUESTS read at call time), the cache appends one JSON line for it (family, configuration,
 problem, once per kernel) before it raises. On a machine with the DSL, `python -m moe2cta.aot build --requests
-FILE --out DIR` then compiles exactly those kernels: run a workload once on the target, build what it asked for.
+FILE --arch sm_90a --out DIR` then compiles exactly those kernels: run a workload once on the target, build what it asked for.
 """
 from __future__ import annotations
 
@@ -508,11 +508,12 @@ def bundle_provenance_problem(directory: pathlib.Path, family: str) -> str | Non
     if not entries:
         return f"the bundle {directory} holds no {family} kernel"
     expected = kernel_sources_digest(family)
-    if (expected is None or provenance_policy() is Provenance.WARN
-            or any(e.get("kernel_sources") == expected for e in entries)):
+    if expected is None or provenance_policy() is Provenance.WARN:
         return None
     if expected == SOURCES_UNAVAILABLE:
         return f"the bundle {directory} cannot serve this install: {_NO_SOURCES}"
+    if any(e.get("kernel_sources") == expected for e in entries):
+        return None
     return (f"the bundle {directory} was built from other kernel sources than this moe2cta's (rebuild it with "
             f"{_build_hint(entries[0]['key'].get('arch', 'ARCH'), directory)})")
 

@@ -80,11 +80,12 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.experimental import primitives as prims
 from cutlass.pipeline import pipeline_init_wait
+from cutlass.tensor_utils import LayoutEnum
 
 from .cute_backend import (A_COPY, A_TOKEN_ROWS, CONSUMERS_COOPERATIVE, CP_ASYNC_CHUNK, LAUNCH_STREAM_ORDER, RASTER_N,
                            SCHED_DYNAMIC, Sm90GroupedGemmKernel)
@@ -142,19 +143,19 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
         self.c_dtype = c.element_type
         self.n = b.shape[1]
         self.n_blocks = (self.n + self.tile_n - 1) // self.tile_n  # wide: a partial last n-block (TMA zero-fills)
-        kmajor = cute.nvgpu.warpgroup.OperandMajorMode.K
+        kmajor = cute.nvgpu.OperandMajorMode.K
         # MMA problem per unit: M = weight rows (tile_n), N = token rows (tile_m)
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype, self.ab_dtype, kmajor, kmajor, self.acc_dtype, (self.mma_wg, 1, 1),
             tiler_mn=(64, self.mma_tile_m),
         )
         mma_mnk = (self.tile_n, self.tile_m, self.tile_k)
-        w_smem_staged = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, mma_mnk, self.ab_dtype, self.stages)
-        t_smem_staged = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, mma_mnk, self.ab_dtype, self.stages)
+        w_smem_staged = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, mma_mnk, self.ab_dtype, self.stages)
+        t_smem_staged = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, mma_mnk, self.ab_dtype, self.stages)
         # the token tile as TMA boxes: stage s, box j is box-stage s * token_boxes + j of the same bytes (a
         # K-major 128B-swizzled tile is a stack of 8-row atoms, so 64-row boxes tile it exactly)
         t_box_staged = sm90_utils.make_smem_layout_b(
-            utils.LayoutEnum.ROW_MAJOR, (self.tile_n, self.token_box, self.tile_k), self.ab_dtype,
+            LayoutEnum.ROW_MAJOR, (self.tile_n, self.token_box, self.tile_k), self.ab_dtype,
             self.stages * self.token_boxes,
         )
         b_nke = cute.make_tensor(b.iterator, cute.select(b.layout, mode=[1, 2, 0]))  # expert = batch mode
@@ -275,7 +276,7 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_t)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_w)
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         # A_TOKEN_ROWS: the whole producer warpgroup copies (one more "full" arrival per thread) and reads each unit
         mainloop, sched = self.single_cta_pipelines(storage, self.tma_bytes,
@@ -401,8 +402,8 @@ class Sm90SwappedGroupedGemmKernel(Sm90GroupedGemmKernel):
                         parts = []
                         for first, rows in self.token_parts(n_rows):
                             mma_p = sm90_utils.make_trivial_tiled_mma(
-                                self.ab_dtype, self.ab_dtype, cute.nvgpu.warpgroup.OperandMajorMode.K,
-                                cute.nvgpu.warpgroup.OperandMajorMode.K, self.acc_dtype, (self.mma_wg, 1, 1),
+                                self.ab_dtype, self.ab_dtype, cute.nvgpu.OperandMajorMode.K,
+                                cute.nvgpu.OperandMajorMode.K, self.acc_dtype, (self.mma_wg, 1, 1),
                                 tiler_mn=(64, rows),
                             )
                             thr_p = mma_p.get_slice(ctidx)

@@ -373,6 +373,7 @@ def _kernel_class():
     import cutlass.pipeline as pipeline
     import cutlass.utils as utils
     import cutlass.utils.blackwell_helpers as sm100_utils
+    import cutlass.memory
     import cutlass.tensor_utils
     from cutlass.cute.nvgpu import cpasync, tcgen05
     from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
@@ -426,8 +427,8 @@ def _kernel_class():
                                                                stride=(self.k, 1, self.n * self.k)))
             mC = cute.make_tensor(c.iterator, cute.make_layout((rows, self.out_n), stride=(self.out_n, 1)))
             tiled_mma = sm100_utils.make_trivial_tiled_mma(
-                self.ab_dtype, tcgen05.OperandMajorMode.K, tcgen05.OperandMajorMode.K, self.acc_dtype,
-                self.cta_group, self.mma_tiler[:2])
+                self.ab_dtype, self.ab_dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+                self.acc_dtype, self.cta_group, self.mma_tiler[:2])
             self.cluster_layout_vmnk = cute.tiled_divide(cute.make_layout((*self.cluster_mn, 1)),
                                                          (tiled_mma.thr_id.shape,))
             a_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, self.ab_dtype, self.stages)
@@ -508,7 +509,7 @@ def _kernel_class():
                 clc_mbar: cute.struct.MemRange[cutlass.Int64, 2]
                 clc_response: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, 4], 16]
 
-            smem = utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             storage = smem.allocate(Storage)
             ab_producer, ab_consumer = pipeline.PipelineTmaUmma.create(
                 barrier_storage=storage.ab_mbar.data_ptr(), num_stages=self.stages,
@@ -528,7 +529,7 @@ def _kernel_class():
                 consumer_group=pipeline.CooperativeGroup(
                     pipeline.Agent.Thread, 32 * (1 + cluster_size * (len(self.epilogue_warps) + 2))),
                 tx_count=16, cta_layout_vmnk=cluster_layout_vmnk, defer_sync=True)
-            tmem = utils.TmemAllocator(
+            tmem = cutlass.memory.TmemAllocator(
                 storage.tmem_base.ptr,
                 barrier_for_retrieve=pipeline.NamedBarrier(
                     barrier_id=self.tmem_alloc_bar_id, num_threads=32 * (len(self.epilogue_warps) + 1)),
@@ -1045,12 +1046,12 @@ def sm100_grouped_gemm1(a: torch.Tensor, packed_w13: torch.Tensor, row_offsets: 
     problem = Sm100Problem(GemmStage.GEMM1, two_i, hidden, num_experts, _DTYPES[a.dtype],
                            activation=Activation.parse(activation), has_bias=b13 is not None)
     config = config or default_config(problem, WorkUnit.PAIR, DEFAULT_PAIR_THRESHOLD)
+    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, a.shape[0], b13, None, a.device)
     if out is None:
         out = torch.empty(a.shape[0], two_i // 2, dtype=a.dtype, device=a.device)
     else:
         check_out(out, a.shape[0], two_i // 2, a, packed_w13=packed_w13, row_offsets=row_offsets, counts=counts,
-                  b13=b13)
-    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, a.shape[0], b13, None, a.device)
+                  b13=bias)
     return _launch(config, problem, a, packed_w13, out, row_offsets, counts, bias, None)
 
 
@@ -1066,10 +1067,10 @@ def sm100_grouped_gemm2(a: torch.Tensor, w2: torch.Tensor, row_offsets: torch.Te
     problem = Sm100Problem(GemmStage.GEMM2, hidden, inter, num_experts, _DTYPES[a.dtype],
                            has_bias=b2 is not None, has_row_scale=row_scale is not None)
     config = config or default_config(problem, WorkUnit.PAIR, DEFAULT_PAIR_THRESHOLD)
+    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale, a.device)
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
     else:
         check_out(out, a.shape[0], hidden, a, w2=w2, row_offsets=row_offsets, counts=counts, row_scale=row_scale,
-                  b2=b2)
-    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale, a.device)
+                  b2=bias)
     return _launch(config, problem, a, w2, out, row_offsets, counts, bias, row_scale)

@@ -7,7 +7,7 @@ Three kernels, each described (warp roles, pipelines, limits) in its own file, w
 is imported lazily from here: cute_backend.py (token rows as the wgmma M side: 64/128-row tiles, pair
 units with weight multicast), cute_fused_tail_backend.py (PaddingRows.FUSE_TAIL: the same with an expert's tail
 of <= 64 rows multiplied on the m-block before it) and cute_swapped_backend.py (Operands.WEIGHTS_AS_M: weight rows
-as the M side; 8-64 token rows per unit for decode, or "wide" token tiles of 128/160/256 rows whose wgmma N is the
+as the M side; 8-64 token rows per unit for decode, or "wide" token tiles of 128/160/256/288 rows whose wgmma N is the
 unit's valid rows rounded up to `token_step`). This module needs neither a GPU nor the DSL to import.
 
 Host API (semantics of grouped_gemm/reference.py):
@@ -644,8 +644,9 @@ def _check_common(a, w, row_offsets, counts, name_w):
 def check_out(out, rows: int, n_out: int, a: torch.Tensor, **reads) -> None:
     """A caller's `out` for a GEMM of `rows` x `n_out` on `a` (sm90 and sm100): shape, dtype, device, layout, and no
     memory shared with `a` or any other operand the kernel reads (`reads`: name -> tensor or None). Every block of A
-    is read by several CTAs while others store C: an overlap would feed them outputs. The wrappers check only a
-    caller's `out`, not the one they allocate."""
+    is read by several CTAs while others store C: an overlap would feed them outputs. Spans are compared (first to
+    last element), so `out` and an operand interleaved in one buffer without sharing an element are refused too. The
+    wrappers check only a caller's `out`, not the one they allocate."""
     if not isinstance(out, torch.Tensor) or out.shape != (rows, n_out) or out.dtype != a.dtype \
             or out.device != a.device or not out.is_contiguous() or out.data_ptr() % 16:
         raise TypeError(f"out: expected a contiguous 16-byte aligned [{rows}, {n_out}] {a.dtype} tensor on {a.device}, "
@@ -824,12 +825,12 @@ def sm90_grouped_gemm1(
         if config is None:
             raise ValueError(f"a_rows: no TOKEN_ROWS configuration fits {problem}")
     config = config or config_for_rows(problem, rows_per_expert, rows)
+    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, rows, b13, None, a.device)
     if out is None:
         out = torch.empty(rows, two_i // 2, dtype=a.dtype, device=a.device)
-    else:
-        check_out(out, rows, two_i // 2, a, packed_w13=packed_w13, row_offsets=row_offsets, counts=counts, b13=b13,
+    else:  # (against what the kernel reads: b13 in its epilogue layout)
+        check_out(out, rows, two_i // 2, a, packed_w13=packed_w13, row_offsets=row_offsets, counts=counts, b13=bias,
                   a_rows=a_rows)
-    bias, _ = epilogue_operands(GemmStage.GEMM1, num_experts, two_i, rows, b13, None, a.device)
     if a_rows is not None and a.shape[0] == 0:  # no tokens: every row is padding (never read)
         return out
     return _run(config, problem, a, packed_w13, out, row_offsets, counts, bias, None, kernel_directory, a_rows,
@@ -855,11 +856,11 @@ def sm90_grouped_gemm2(
     num_experts, hidden, inter = w2.shape
     problem = Sm90Problem(GemmStage.GEMM2, hidden, inter, num_experts, a.dtype, None, b2 is not None, row_scale is not None)
     config = config or config_for_rows(problem, rows_per_expert, a.shape[0])
+    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale, a.device)
     if out is None:
         out = torch.empty(a.shape[0], hidden, dtype=a.dtype, device=a.device)
     else:
-        check_out(out, a.shape[0], hidden, a, w2=w2, row_offsets=row_offsets, counts=counts, row_scale=row_scale, b2=b2)
-    bias, row_scale = epilogue_operands(GemmStage.GEMM2, num_experts, hidden, a.shape[0], b2, row_scale, a.device)
+        check_out(out, a.shape[0], hidden, a, w2=w2, row_offsets=row_offsets, counts=counts, row_scale=row_scale, b2=bias)
     return _run(config, problem, a, w2, out, row_offsets, counts, bias, row_scale, kernel_directory, align=align)
 
 

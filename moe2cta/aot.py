@@ -35,6 +35,17 @@ FAMILY_MODULES = {"sm_90a": "moe2cta.grouped_gemm.sm90_grouped_gemm",
 FAMILIES = {"sm90_grouped_gemm": FAMILY_MODULES["sm_90a"], "sm100_grouped_gemm": FAMILY_MODULES["sm_100a"]}
 
 
+def _require_kernel_sources(arch: str) -> None:
+    """Before any compile: a bundle records the digest of its kernels' sources, which an install without them (bytecode
+    only, zipped) cannot give (export_kernel refuses it too, but only after a kernel has been compiled)."""
+    from moe2cta.grouped_gemm.cute_runtime import SOURCES_UNAVAILABLE, kernel_sources_digest
+
+    if kernel_sources_digest(FAMILY_MODULES[arch].rsplit(".", 1)[-1]) == SOURCES_UNAVAILABLE:
+        raise RuntimeError("build: this moe2cta install holds no source of its kernel modules (bytecode only, or "
+                           "zipped), so a bundle could not record what its kernels were built from; build from a "
+                           "source install")
+
+
 def build(model: str, arch: str, out_dir: str, keep_ptx: bool = False) -> list:
     """Compile and export every kernel of `model` for `arch` into out_dir; returns the library paths."""
     if arch not in ARCHES:
@@ -44,6 +55,7 @@ def build(model: str, arch: str, out_dir: str, keep_ptx: bool = False) -> list:
 
     if not dsl_available():
         raise RuntimeError("build: the CuTe DSL (nvidia-cutlass-dsl) is needed to compile kernels")
+    _require_kernel_sources(arch)
     if arch == "sm_90a":
         from moe2cta.grouped_gemm.sm90_grouped_gemm import compile_for_preset
 
@@ -65,6 +77,7 @@ def build_requests(requests_path: str, arch: str, out_dir: str, keep_ptx: bool =
     entries = read_build_requests(requests_path, arch)
     if not dsl_available():
         raise RuntimeError("build: the CuTe DSL (nvidia-cutlass-dsl) is needed to compile kernels")
+    _require_kernel_sources(arch)
     module = importlib.import_module(FAMILY_MODULES[arch])
     paths = module.compile_requests([e["request"] for e in entries], out_dir, keep_ptx=keep_ptx)
     return [item[-1] if isinstance(item, tuple) else item for item in paths]

@@ -333,12 +333,19 @@ def _select_backend(requested: Backend, *, expert_bytes: int | None = None, toke
     return BackendPlan.single(Backend.TORCH), "; ".join(skipped + ["auto -> torch"])
 
 
+_WARNED_BUNDLE_REASONS: set[str] = set()
+
+
 def _warn_configured_bundle_refused(reason: str) -> None:
     """A deployment that names a kernel bundle (MOE2CTA_KERNEL_DIR) on a machine without the CuTe DSL expects the
     CuTe kernels; where the bundle cannot serve them (stale, another version, mistyped), AUTO plans the slower Triton
-    kernels. That is said here as a RuntimeWarning (once per reason), not only in MoELayer.backend_reason."""
+    kernels. That is said here as a RuntimeWarning, once per reason and process (fused_moe plans on every call), not
+    only in MoELayer.backend_reason."""
+    if NO_CUTE_KERNELS not in reason or reason in _WARNED_BUNDLE_REASONS:
+        return
     runtime, _ = _optional_module("grouped_gemm.cute_runtime")
-    if NO_CUTE_KERNELS in reason and runtime is not None and runtime.kernel_dir() is not None:
+    if runtime is not None and runtime.kernel_dir() is not None:
+        _WARNED_BUNDLE_REASONS.add(reason)
         warnings.warn(f"moe2cta: backend AUTO plans without the CuTe kernels: {reason}", RuntimeWarning, stacklevel=3)
 
 

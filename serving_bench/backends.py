@@ -243,12 +243,12 @@ def _ceiling_operands(held: dict, rows: int, like: torch.Tensor, inputs: dict, o
         held["sets"] = {}
     sets = held["sets"]
     key = like.data_ptr()
+    if key not in sets and like.is_cuda and torch.cuda.is_current_stream_capturing():  # (capture fails: timed eagerly)
+        raise RuntimeError("ceiling operands for an input not seen before the graph capture (more rotated inputs "
+                           f"than MAX_CEILING_SETS = {MAX_CEILING_SETS}?)")
     if key not in sets and len(sets) >= MAX_CEILING_SETS:  # (cells of equal rows: another case's inputs, not kept)
         sets.clear()
     if key not in sets:
-        if like.is_cuda and torch.cuda.is_current_stream_capturing():  # (the capture then fails: timed eagerly, noted)
-            raise RuntimeError("ceiling operands for an input not seen before the graph capture (more rotated inputs "
-                               f"than MAX_CEILING_SETS = {MAX_CEILING_SETS}?)")
         gen = torch.Generator(device=like.device).manual_seed(rows + 1_000_003 * len(sets))
         ops = {name: torch.randn(*shape, generator=gen, device=like.device, dtype=like.dtype)
                for name, shape in inputs.items()}

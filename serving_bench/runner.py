@@ -243,7 +243,7 @@ class _CaseData:
     rotation_experts_hit: tuple[int, ...]
 
 
-REDRAWS = 3  # other draws of a rotated input whose every checked row is ambiguous (_make_case)
+MAX_REDRAWS = 3  # other draws of a rotated input whose every checked row is ambiguous (_make_case)
 
 
 def _seed(*parts) -> int:
@@ -256,7 +256,7 @@ def _make_case(preset, weights: ExpertWeights, tokens, dist, run: RunConfig) -> 
     bytes_per_input = tokens * (preset.hidden * elem + preset.num_experts * 4)
     inputs, hits, floors, references = [], [], [], []
     for rot in range(rotation_count(bytes_per_input, run.timing)):
-        for draw in range(REDRAWS + 1):
+        for draw in range(MAX_REDRAWS + 1):
             # draw 0: the seed every run used; the next ones only where every checked row of a draw has an ambiguous
             # top-k (at T = 1: one near-tie), which no backend could be checked on
             seed = _seed(run.seed, preset.name, tokens, dist.label, rot, *(("redraw", draw) if draw else ()))
@@ -268,7 +268,7 @@ def _make_case(preset, weights: ExpertWeights, tokens, dist, run: RunConfig) -> 
                 reference = make_reference(hidden, weights, routed, preset.activation, max_rows=run.check_rows)
                 break
             except AmbiguousRows:
-                if draw == REDRAWS:
+                if draw == MAX_REDRAWS:
                     raise
         load = summarize_load(routed.topk_ids, preset.num_experts)
         if rot == 0:

@@ -42,7 +42,7 @@ from moe2cta.grouped_gemm.epilogue import GemmStage, W13Layout, pack_gate_up_row
 from moe2cta.presets import PRESETS, get_preset
 
 from .backends import make_expert_weights
-from .correctness import CheckStatus, check_output, make_reference
+from .correctness import AmbiguousRows, CheckStatus, check_output, make_reference
 from .floors import DEFAULT_CEILINGS, moe_floor
 from .routing_twin import route_twin
 from .timing import TimingConfig, rotation_count, time_callable, time_interleaved
@@ -79,6 +79,33 @@ def _inputs(preset, num_tokens: int, count: int, device, seed: int):
             for _ in range(count)]
 
 
+def _reference_or_none(preset, weights, hidden, routed):
+    """The rotated input's fp32 reference, or None where every row's top-k is ambiguous (a near-tie at T=1): that
+    input is timed but not checked."""
+    try:
+        return make_reference(hidden, weights, routed, preset.activation)
+    except AmbiguousRows:
+        return None
+
+
+def _check_rotations(out_of, inputs, references, num_tokens: int, hidden_size: int):
+    """(the first failing verdict or the one closest to failing, whether all passed) over the checkable rotations;
+    out_of(rotation) computes that rotation's output. None when no rotation is checkable."""
+    verdicts = [check_output(out_of(r), reference, num_tokens, hidden_size)
+                for r, reference in enumerate(references) if reference is not None]
+    if not verdicts:
+        return None, True
+    failed = [v for v in verdicts if v.status is not CheckStatus.PASS]
+    return (failed[0], False) if failed else (max(verdicts, key=lambda v: v.margin_used), True)
+
+
+def _verdict_fields(verdict) -> dict:
+    if verdict is None:
+        return {"check": "unchecked (every rotated input ambiguous)"}
+    return {"check": verdict.status.value, "rel_err": verdict.rel_err, "tolerance": verdict.tolerance,
+            "row_err": verdict.row_err, "row_tolerance": verdict.row_tolerance}
+
+
 def bench_cell(preset, weights, num_tokens: int, ceilings, timing: TimingConfig, seed: int) -> dict:
     device = weights.w13.device
     bytes_per_input = num_tokens * (preset.hidden * 2 + preset.num_experts * 4)
@@ -87,33 +114,33 @@ def bench_cell(preset, weights, num_tokens: int, ceilings, timing: TimingConfig,
     for hidden, logits in inputs:
         routed = route_twin(logits, preset.routing, weights.e_score_correction_bias)
         floors.append(moe_floor(preset, num_tokens, float(torch.unique(routed.topk_ids).numel()), ceilings).us)
-        references.append(make_reference(hidden, weights, routed, preset.activation))
+        references.append(_reference_or_none(preset, weights, hidden, routed))
     row = {"model": preset.name, "tokens": num_tokens, "floor_us": sum(floors) / len(floors), "layers": {}}
     layers, timed = _layers(preset, weights, num_tokens), {}
     for name, layer in layers.items():
         # every rotated input checked before timing; the reported error is the rotation closest to failing
-        verdicts = [check_output(layer(hidden, logits), reference, num_tokens, preset.hidden)
-                    for (hidden, logits), reference in zip(inputs, references)]
-        failed = [v for v in verdicts if v.status is not CheckStatus.PASS]
-        verdict = failed[0] if failed else max(verdicts, key=lambda v: v.margin_used)
-        row["layers"][name] = {"check": verdict.status.value, "rel_err": verdict.rel_err, "tolerance": verdict.tolerance,
-                               "row_err": verdict.row_err, "row_tolerance": verdict.row_tolerance}
-        if not failed:
+        verdict, passed = _check_rotations(lambda r, layer=layer: layer(*inputs[r]), inputs, references, num_tokens,
+                                           preset.hidden)
+        row["layers"][name] = _verdict_fields(verdict)
+        if passed:
             timed[name] = layer
     # every passing layer in the same rounds (drift falls on all alike); time / floor per sample against the floor of
     # the rotated input it ran, its median as the layer's ratio (the floor of a cell is the mean over the inputs);
     # each rotation's timed graph checked again after the rounds
     def replay_check(name, rotation, out):
-        return check_output(out, references[rotation], num_tokens, preset.hidden)
+        reference = references[rotation]
+        return None if reference is None else check_output(out, reference, num_tokens, preset.hidden)
 
     results = time_interleaved(timed, inputs, device, timing, check=replay_check) if timed else {}
     for name, result in results.items():
         if isinstance(result, BaseException):
             row["layers"][name].update(check="error", error=f"{type(result).__name__}: {result}")
             continue
-        wrong = next((v for v in result.checks if v is not None and v.status is not CheckStatus.PASS), None)
+        wrong = next(((r, v) for r, v in enumerate(result.checks)
+                      if v is not None and v.status is not CheckStatus.PASS), None)
         if wrong is not None:
-            row["layers"][name].update(check="fail", error=f"timed graph replay: {wrong.reason}")
+            row["layers"][name].update(_verdict_fields(wrong[1]),
+                                       error=f"timed graph replay of rotated input {wrong[0]}: {wrong[1].reason}")
             continue
         ratios = sorted(t / floors[result.rotation_of(i)] for i, t in enumerate(result.samples_us))
         row["layers"][name].update(median_us=result.median_us, mode=result.mode.value,
@@ -183,11 +210,11 @@ def chain_cell(preset, weights, num_tokens: int, timing: TimingConfig, seed: int
         topk_weights, topk_ids = route(logits, preset.routing, bias, backend=Backend.TRITON)
         a2 = tk.token_gemv1(hidden, topk_ids, weights.w13, preset.activation, b13=weights.b13)
         inputs.append((hidden, logits, topk_weights, topk_ids, a2))
-    hidden, logits = inputs[0][:2]
-    reference = make_reference(hidden, weights, route_twin(logits, preset.routing, bias), preset.activation)
-    verdict = check_output(layer(hidden, logits), reference, num_tokens, preset.hidden)
-    row = {"model": preset.name, "tokens": num_tokens, "check": verdict.status.value, "rel_err": verdict.rel_err}
-    if verdict.status is not CheckStatus.PASS:
+    references = [_reference_or_none(preset, weights, hidden, route_twin(logits, preset.routing, bias))
+                  for hidden, logits, *_ in inputs]
+    verdict, passed = _check_rotations(lambda r: layer(*inputs[r][:2]), inputs, references, num_tokens, preset.hidden)
+    row = {"model": preset.name, "tokens": num_tokens} | _verdict_fields(verdict)
+    if not passed:
         return row
     parts = {
         "route": lambda h, lg, w, ids, a2: route(lg, preset.routing, bias, backend=Backend.TRITON),
@@ -280,7 +307,8 @@ def main(argv=None) -> int:
             chain = chain_cell(preset, weights, num_tokens, timing, args.seed + num_tokens)
             chains.append(chain)
             if "median_us" not in chain:
-                print(f"{preset.name:16s} T={num_tokens:<5d} layer FAIL ({chain['rel_err']:.1e})", flush=True)
+                err = chain.get("rel_err", float("nan"))
+                print(f"{preset.name:16s} T={num_tokens:<5d} layer {chain['check']} ({err:.1e})", flush=True)
                 continue
             us = chain["median_us"]
             print(f"{preset.name:16s} T={num_tokens:<5d} " + " ".join(f"{k} {v:7.1f}" for k, v in us.items())
@@ -290,8 +318,9 @@ def main(argv=None) -> int:
             row = bench_cell(preset, weights, num_tokens, ceilings, timing, args.seed + num_tokens)
             rows.append(row)
             layers = row["layers"]
-            cells = " ".join(f"{name} {v.get('median_us', float('nan')):8.1f}" if v["check"] == "pass"
-                             else f"{name} FAIL({v['rel_err']:.1e})" for name, v in layers.items())
+            cells = " ".join(f"{name} {v['median_us']:8.1f}" if "median_us" in v
+                             else f"{name} {v['check']}({v.get('rel_err', float('nan')):.1e})"
+                             for name, v in layers.items())
             ratios = []
             for prefix in ("triton", "packed"):
                 g, t = layers.get(f"{prefix}-grouped", {}), layers.get(f"{prefix}-token", {})

@@ -349,9 +349,13 @@ def test_cute_needs_a_bundle_directory_that_exists_where_the_dsl_is_absent(monke
     # AUTO then plans Triton, and says so beyond backend_reason: the deployment named a bundle it cannot use
     monkeypatch.setattr(api, "_layer_support", lambda backend, **f: (True, "") if backend is Backend.TRITON
                         else _layer_support(backend, **f))
+    monkeypatch.setattr(api, "_WARNED_BUNDLE_REASONS", set())
     with pytest.warns(RuntimeWarning, match="AUTO plans without the CuTe kernels: cute: neither .* other kernel sources"):
         plan, _ = api._select_backend(Backend.AUTO, **facts)
     assert plan == moe2cta.BackendPlan.single(Backend.TRITON)
+    with warnings.catch_warnings():  # once per reason (fused_moe plans on every call), whatever the warning filters
+        warnings.simplefilter("error")
+        assert api._select_backend(Backend.AUTO, **facts)[0] == moe2cta.BackendPlan.single(Backend.TRITON)
     monkeypatch.delenv(rt.KERNEL_DIR_ENV)  # no bundle named: nothing to warn of
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -362,11 +362,16 @@ def test_an_install_without_kernel_sources_checks_no_bundle_silently(tmp_path, m
     assert "holds no source of its kernel modules" in rt.provenance_problem(_key(), tmp_path)
     problem = rt.bundle_provenance_problem(tmp_path, family)
     assert "holds no source of its kernel modules" in problem and f"{rt.KERNEL_PROVENANCE_ENV}=warn" in problem
+    rt._write_manifest_entry(tmp_path, _key().file_stem(),
+                             {"key": _key().to_json(), "kernel_sources": rt.SOURCES_UNAVAILABLE})
+    assert "holds no source of its kernel modules" in rt.bundle_provenance_problem(tmp_path, family)
     monkeypatch.setenv(rt.KERNEL_PROVENANCE_ENV, "warn")
     assert rt.bundle_provenance_problem(tmp_path, family) is None
     pytest.importorskip("cutlass.cute")
     with pytest.raises(RuntimeError, match="holds no source of its kernel modules"):
         rt.export_kernel(object(), _key(), tmp_path / "out", keep_ptx=False)
+    with pytest.raises(RuntimeError, match="^build: this moe2cta install holds no source"):  # before any compile
+        aot.build("qwen3-30b-a3b", "sm_90a", str(tmp_path / "out"))
     assert not (tmp_path / "out" / f"{_key().file_stem()}.so").exists()
 
 

@@ -240,7 +240,12 @@ def test_check_catches_a_fault_confined_to_one_row_of_many():
     assert verdict.row_err > verdict.row_tolerance == reference.row_tolerance and verdict.margin_used > 1
     passed = check_output(good, reference, 2048, preset.hidden)
     assert passed.row_err <= passed.row_tolerance and passed.margin_used <= 1
-    assert runner._worst([passed, verdict]) is verdict  # the rotation closest to failing, by either bound
+    # the rotation closest to failing, by either bound: here by the row bound, where the whole-output error is lower
+    from moe2cta.serving_bench.correctness import Verdict
+
+    by_total = Verdict(CheckStatus.PASS, 0.9, 1.0, 8, 0, "", 0.1, 1.0)
+    by_row = Verdict(CheckStatus.PASS, 0.3, 1.0, 8, 0, "", 0.95, 1.0)
+    assert runner._worst([by_total, by_row]) is by_row and runner._worst([by_row, by_total]) is by_row
 
 
 def _rotation_wrong_build(preset, weights):
@@ -295,6 +300,10 @@ def test_a_rotated_input_with_no_checkable_row_is_drawn_again(monkeypatch):
     case = runner._make_case(preset, weights, 1, run.distributions[0], run)
     assert len(calls) == 4 and len(case.inputs) == 3 and len(case.references) == 3  # rotation 1 drawn twice
     assert not torch.equal(calls[1], calls[2]) and torch.equal(case.inputs[1][0], calls[2])
+    for rotation in (0, 2):  # the other rotations keep the seed every earlier run drew them from
+        seed = runner._seed(run.seed, preset.name, 1, run.distributions[0].label, rotation)
+        assert torch.equal(case.inputs[rotation][0],
+                           torch.randn(1, preset.hidden, generator=torch.Generator().manual_seed(seed)))
     monkeypatch.setattr(runner, "make_reference", lambda *a, **k: (_ for _ in ()).throw(AmbiguousRows("none")))
     with pytest.raises(AmbiguousRows):  # (every draw ambiguous: the model's preparation reports it)
         runner._make_case(preset, weights, 1, run.distributions[0], run)
