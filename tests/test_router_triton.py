@@ -632,9 +632,8 @@ def test_triton_dispatch_names_a_batch_past_its_slot_limit(monkeypatch):
     """dispatch_triton.py's limit (T*k < 2**31 / 1024: its int32 block x bin offsets) is checked on the host."""
     import moe2cta.router.api as router_api
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(router_api, "MAX_DISPATCH_SLOTS", 64)
-    ids = torch.randint(0, 8, (40, 2), dtype=torch.int32)
+    monkeypatch.setattr(router_api, "MAX_DISPATCH_SLOTS", 64)  # (on DEVICE: the interpreter only without a GPU)
+    ids = torch.randint(0, 8, (40, 2), dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="^topk_ids: the TRITON dispatch takes T\\*k < 64 slots, got 80"):
         router_api.dispatch(ids, 8, backend="triton")
     router_api.dispatch(ids[:30], 8, backend="triton")  # 60 slots
