@@ -28,8 +28,9 @@ Warp roles (224 threads per CTA):
 - warp 4 MMA: in the pair's leader CTA one elected thread issues tcgen05.mma (cta_group::2 for a PAIR).
 - warp 5 TMA: loads A and B K-stages (2-CTA partitioned loads for a PAIR, arriving on the leader's
   barrier).
-- warp 6 scheduler (first CTA of the cluster): clusterlaunchcontrol.try_cancel for the next cluster id;
-  the response is multicast to both CTAs, so the pair always works on one consistent tile.
+- warp 6 scheduler (first CTA of the cluster): clusterlaunchcontrol.try_cancel for the next cluster id
+  (clc_request / clc_work, the family's own); the response is multicast to both CTAs, so the pair always
+  works on one consistent tile.
 Pipelines:
 - mainloop (PipelineTmaUmma, `stages` deep): full = A and B bytes of both CTAs landed; empty = the
   MMAs that read the stage completed (tcgen05.commit).
@@ -371,13 +372,13 @@ def _kernel_class():
     import cutlass
     import cutlass.cute as cute
     import cutlass.pipeline as pipeline
-    import cutlass.utils as utils
     import cutlass.utils.blackwell_helpers as sm100_utils
     import cutlass.memory
     import cutlass.tensor_utils
     from cutlass.cute.nvgpu import cpasync, tcgen05
     from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
     from cutlass.utils.gemm.sm100 import transform_partitioned_tensor_layout
+    from cutlass.utils.static_persistent_tile_scheduler import WorkTileInfo
 
     Int32, Float32 = cutlass.Int32, cutlass.Float32
 
@@ -450,13 +451,34 @@ def _kernel_class():
             self.tma_bytes = (cute.size_in_bytes(self.ab_dtype, a_one) + cute.size_in_bytes(self.ab_dtype, b_one)) * cta_pair
             # candidate tiles: one per 128 rows (x2 CTAs for a pair), N / BN columns of tiles
             m_ctas = (rows + ROW_GRANULE - 1) // ROW_GRANULE * cta_pair
-            sched = utils.ClcDynamicPersistentTileSchedulerParams(
-                (m_ctas, self.n // self.config.tile_n, 1), (*self.cluster_mn, 1))
-            grid = utils.ClcDynamicPersistentTileScheduler.get_grid_shape(sched)
+            grid = (m_ctas, self.n // self.config.tile_n, 1)  # m_ctas is a multiple of the cluster's M (cta_pair)
             self.kernel(tiled_mma, tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_c, tma_c, row_offsets, counts,
-                        bias, row_scale, rows_lo, rows_hi, rows, self.cluster_layout_vmnk, a_smem, b_smem, c_smem,
-                        sched).launch(
+                        bias, row_scale, rows_lo, rows_hi, rows, self.cluster_layout_vmnk, a_smem, b_smem,
+                        c_smem).launch(
                 grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1), stream=stream)
+
+        # ---- scheduling: cluster launch control (CLC) over a grid of one cluster per candidate tile, along M.
+        # A cluster starts on the tile of its own block index. The scheduler warp of its first CTA then asks
+        # clusterlaunchcontrol.try_cancel for a cluster that was launched but has not started; the hardware answers
+        # with that cluster's first CTA coordinates in a 16-byte SMEM response (multicast to every CTA of the
+        # cluster, arriving on each CTA's barrier), or with "none left". A CTA's tile is those coordinates plus its
+        # rank along M, so the two CTAs of a pair always hold the same work unit. (Ours: the DSL's
+        # ClcDynamicPersistentTileScheduler is deprecated, to be removed from the wheel; same instructions.)
+        def clc_initial_work(self):
+            bidx, bidy, bidz = cute.arch.block_idx()
+            return WorkTileInfo((bidx, bidy, bidz), cutlass.Boolean(True))
+
+        def clc_request(self, mbarrier_ptr, response_ptr):
+            """One elected thread of the calling warp asks for the next cluster's tile, answered on mbarrier_ptr."""
+            with cute.arch.elect_one():
+                cute.arch.issue_clc_query(mbarrier_ptr, response_ptr)
+
+        def clc_work(self, response_ptr, cta_rank_m: Int32):
+            """The work in the response (read after the response barrier's wait). The fence orders this generic-proxy
+            read before the next query's async-proxy write of the response."""
+            m_idx, n_idx, l_idx, valid = cute.arch.clc_response(response_ptr)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            return WorkTileInfo((m_idx + cta_rank_m, n_idx, l_idx), valid)
 
         @cute.jit
         def locate(self, row_offsets: cute.Tensor, counts: cute.Tensor, candidate: Int32, rows_lo: Int32,
@@ -485,8 +507,7 @@ def _kernel_class():
                    row_offsets: cute.Tensor, counts: cute.Tensor, bias: cute.Tensor, row_scale: cute.Tensor,
                    rows_lo: Int32, rows_hi: Int32, rows: Int32, cluster_layout_vmnk: cute.Layout,
                    a_smem: cute.ComposedLayout,
-                   b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout,
-                   sched_params: utils.ClcDynamicPersistentTileSchedulerParams):
+                   b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             tidx, _, _ = cute.arch.thread_idx()
             if warp == self.tma_warp:
@@ -561,9 +582,9 @@ def _kernel_class():
             k_tiles = self.k // self.config.tile_k
 
             pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
-            scheduler = utils.ClcDynamicPersistentTileScheduler.create(
-                sched_params, cute.arch.block_idx(), cute.arch.grid_dim(), storage.clc_response.data_ptr())
-            work = scheduler.initial_work_tile_info()
+            clc_response = storage.clc_response.data_ptr()
+            cta_rank_m = Int32(bidx % cta_pair)  # this CTA's rank along M in its cluster
+            work = self.clc_initial_work()
             clc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
 
             if warp == self.tma_warp:  # ---- TMA producer
@@ -585,7 +606,7 @@ def _kernel_class():
                             cute.copy(tma_atom_b, tBgB_tile[(None, kt)], tBsB[(None, handle.index)],
                                       tma_bar_ptr=handle.barrier, mcast_mask=b_mask)
                     clc_pipeline.consumer_wait(clc_state)
-                    work = scheduler.get_current_work()
+                    work = self.clc_work(clc_response, cta_rank_m)
                     clc_pipeline.consumer_release(clc_state)
                     clc_state.advance()
                 ab_producer.tail()
@@ -595,10 +616,10 @@ def _kernel_class():
                     clc_producer = pipeline.make_pipeline_state(pipeline.PipelineUserType.ProducerConsumer, 1)
                     while work.is_valid_tile:
                         clc_pipeline.producer_acquire(clc_producer)
-                        scheduler.advance_to_next_work(clc_pipeline.producer_get_barrier(clc_producer))
+                        self.clc_request(clc_pipeline.producer_get_barrier(clc_producer), clc_response)
                         clc_producer.advance()
                         clc_pipeline.consumer_wait(clc_state)
-                        work = scheduler.get_current_work()
+                        work = self.clc_work(clc_response, cta_rank_m)
                         clc_pipeline.consumer_release(clc_state)
                         clc_state.advance()
                     clc_pipeline.producer_tail(clc_producer)
@@ -622,7 +643,7 @@ def _kernel_class():
                             acc_pipeline.producer_commit(acc_state)
                         acc_state.advance()
                     clc_pipeline.consumer_wait(clc_state)
-                    work = scheduler.get_current_work()
+                    work = self.clc_work(clc_response, cta_rank_m)
                     clc_pipeline.consumer_release(clc_state)
                     clc_state.advance()
                 acc_pipeline.producer_tail(acc_state)
@@ -689,7 +710,7 @@ def _kernel_class():
                             buffer = (buffer + 1) % self.epi_buffers
                         acc_state.advance()
                     clc_pipeline.consumer_wait(clc_state)
-                    work = scheduler.get_current_work()
+                    work = self.clc_work(clc_response, cta_rank_m)
                     clc_pipeline.consumer_release(clc_state)
                     clc_state.advance()
                 store_pipeline.producer_tail()

@@ -27,7 +27,8 @@ kernel: Triton's pipeliner only handles loops with a dot). On sm_90+ a launch is
 launch: it waits for the previous kernel of the stream with griddepcontrol.wait before reading anything and
 releases the next kernel's grid at once (every launch of this family is decode-sized).
 
-Limits: hidden / a2 and the weights share one dtype in {float16, bfloat16, float32}; topk_weights fp32;
+Limits: hidden / a2 and the weights share one dtype in {float16, bfloat16, float32}; topk_ids / expert_map int32
+or int64 and topk_weights of any float dtype, read as given (widened to fp32 on load: no conversion launch);
 contiguous weights; any K and N (tails masked; CHUNKED needs I % GATE_UP_CHUNK == 0 and BLOCK_N a multiple
 of it); k <= 64. Weights are read once per slot (tokens share an expert's rows only through L2): the layer
 uses this family only where `token_gemv_applies` (a few tokens, bounded weight bytes; measured,
@@ -57,6 +58,9 @@ from .triton_grouped_gemm import (
     _interpreting,
     _limits_for,
 )
+
+# router weights are read in their own dtype and widened to fp32 on load (a caller's bf16 weights need no launch)
+_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 __all__ = [
     "TOKEN_GEMV_LIMITS",
@@ -256,13 +260,14 @@ def _token_gemv_kernel(
     if HAS_MAP:  # global -> local id; -1: not on this rank (ids of -1: slot unused)
         in_map = (experts >= 0) & (experts < map_len)
         mapped = tl.load(map_ptr + tl.minimum(tl.maximum(experts, 0), map_len - 1))
-        experts = tl.where(in_map, mapped, -1).to(tl.int32)
-    # Ids outside the weights' experts add nothing, as the dispatch treats them (off-rank), never an address.
+        experts = tl.where(in_map, mapped, -1)
+    # Ids outside the weights' experts add nothing, as the dispatch treats them (off-rank), never an address. Ids and
+    # map entries (int32 or int64) are compared in their own type: an int64 value past int32 is never wrapped.
     slot_ok = slot_ok & (experts >= 0) & (experts < num_experts)
     experts = tl.where(slot_ok, experts, 0)
     e_off = tl.maximum(experts, 0).to(tl.int64) * stride_we  # [BLOCK_J]
     if HAS_WEIGHTS:
-        slot_w = tl.load(topk_w_ptr + slots, mask=slot_ok, other=0.0)  # fp32 [BLOCK_J]
+        slot_w = tl.load(topk_w_ptr + slots, mask=slot_ok, other=0.0).to(tl.float32)  # [BLOCK_J], any float dtype
 
     offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -376,7 +381,7 @@ def _require(name: str, t, ndim: int, dtypes=None, device=None) -> None:
 
 
 def _check_ids(topk_ids, num_tokens: int | None, device) -> tuple[int, int]:
-    _require("topk_ids", topk_ids, 2, (torch.int32,), device)
+    _require("topk_ids", topk_ids, 2, (torch.int32, torch.int64), device)
     if not topk_ids.is_contiguous():
         raise ValueError("topk_ids: expected a contiguous tensor")
     if num_tokens is not None and topk_ids.shape[0] != num_tokens:
@@ -432,15 +437,13 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
     _check_optional(b_name, bias, (num_experts, w_rows), device)
     if bias is not None and not bias.is_floating_point():
         raise ValueError(f"{b_name}: expected a floating-point tensor, got {bias.dtype}")
-    _check_optional("topk_weights", topk_weights, (num_tokens, top_k), device, (torch.float32,))
+    _check_optional("topk_weights", topk_weights, (num_tokens, top_k), device, _WEIGHT_DTYPES)
     if expert_map is not None:
         _require("expert_map", expert_map, 1, (torch.int32, torch.int64), device)
         if not expert_map.is_contiguous():
             raise ValueError("expert_map: expected a contiguous tensor")
         if expert_map.numel() == 0:
             raise ValueError("expert_map: expected at least one entry (global expert id -> local id or -1)")
-        if expert_map.dtype != torch.int32:  # values past int32 stay off-rank, as the dispatch reads them (no wrap)
-            expert_map = expert_map.clamp(-1, 2**31 - 1).to(torch.int32)
     if out is None:
         out = torch.empty(out_shape, dtype=out_dtype, device=device)
     else:
@@ -493,9 +496,9 @@ def token_gemv1(
     """GEMV1 -> a2 [T * k, I] in hidden's dtype, row t * k + j = act of slot (t, j) (slots of experts mapped
     to -1 are not written).
 
-    hidden [T, H]; topk_ids [T, k] int32 (global ids when expert_map [E_g] int32 / int64 maps them to local
+    hidden [T, H]; topk_ids [T, k] int32 / int64 (global ids when expert_map [E_g] int32 / int64 maps them to local
     ids of w13, -1 = not here; with a map an id may be -1, slot unused); w13 [E, 2I, H] in `w13_layout`;
-    b13 [E, 2I] public order; topk_weights [T, k] fp32 only when the router weight scales the input (it
+    b13 [E, 2I] public order; topk_weights [T, k] (any float dtype, read as fp32) only when the router weight scales the input (it
     multiplies each slot's dot products, before b13).
     """
     if not isinstance(w13_layout, W13Layout):
@@ -519,7 +522,7 @@ def token_gemv2_combine(
     """GEMV2 and the combine -> out [T, H]: out[t] = sum_j w[t, j] * (a2[t*k + j] @ w2[e_tj].T + b2[e_tj]),
     fp32, the k slots summed in a fixed order; slots of experts mapped to -1 add nothing.
 
-    a2 [T * k, I] (token_gemv1's output); w2 [E, H, I]; topk_weights [T, k] fp32 or None (router weight on
+    a2 [T * k, I] (token_gemv1's output); w2 [E, H, I]; topk_weights [T, k] (any float dtype, read as fp32) or None (router weight on
     the input: already applied); out_dtype: a2's dtype unless given.
     """
     if not isinstance(a2, torch.Tensor):

@@ -425,7 +425,8 @@ def route(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Backend adapters: (layer, hidden, topk_weights fp32, topk_ids int32, dispatch) -> out [T, H].
+# Backend adapters: (layer, hidden, topk_weights, topk_ids, dispatch) -> out [T, H]. TORCH gets fp32 weights and int32
+# ids; the kernel backends get them as the caller passed them (any float dtype; int32 / int64), contiguous.
 
 
 def _forward_torch(layer: "MoELayer", hidden, topk_weights, topk_ids, disp=None):
@@ -917,17 +918,19 @@ class MoELayer:
             if topk_ids is None:
                 topk_weights, topk_ids = _router_api().route(
                     router_logits, self.config.routing, self.e_score_correction_bias, backend=_triton_router_backend())
-            topk_weights = topk_weights.to(torch.float32).contiguous()
-            topk_ids = _router_api().int32_ids(topk_ids)
-            return _forward_triton_tokens(self, hidden, topk_weights, topk_ids)
+            # the kernels read int32 / int64 ids and any float weights as given (no conversion launch)
+            return _forward_triton_tokens(self, hidden, topk_weights.contiguous(), topk_ids.contiguous())
         disp = None
         if self.backend is Backend.TORCH:
             if topk_ids is None:
                 topk_weights, topk_ids = route_reference(router_logits, self.config.routing, self.e_score_correction_bias)
         elif topk_ids is None:
             topk_weights, topk_ids, disp = _route_dispatch_gpu(self, router_logits)
-        topk_weights = topk_weights.to(torch.float32).contiguous()
-        topk_ids = _router_api().int32_ids(topk_ids)  # int64 ids past int32 stay off-rank instead of wrapping
+        if backend is Backend.TORCH:
+            topk_weights = topk_weights.to(torch.float32)
+            topk_ids = _router_api().int32_ids(topk_ids)  # int64 ids past int32 stay off-rank instead of wrapping
+        # else the kernels read int32 / int64 ids and any float weights as given (no conversion launch)
+        topk_weights, topk_ids = topk_weights.contiguous(), topk_ids.contiguous()
         if disp is None and self.backend is not Backend.TORCH:
             disp = _dispatch_gpu(self, topk_ids)
         return _FORWARD[backend](self, hidden, topk_weights, topk_ids, disp)

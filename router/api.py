@@ -32,6 +32,8 @@ __all__ = ["RouterBackend", "DispatchScheme", "GatherPadding", "route", "dispatc
 
 _LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# router weights the kernels read in their own dtype and widen to fp32 on load (no conversion launch)
+_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 # Fused route + dispatch runs in one program: worth it while one SM routes the tokens quickly. H200, graph
 # replay: T=1 fused 3.0 us vs 2.1 + 1.7 us apart (E=8, k=8); at T=32 fused and apart were equal.
 FUSED_MAX_TOKENS = 16
@@ -336,8 +338,9 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, *, align: int = 128,
 
 
 def int32_ids(ids: torch.Tensor) -> torch.Tensor:
-    """Expert ids (or expert_map entries) as the contiguous int32 the kernels read. int64 values outside int32's
-    range are clamped to -1 / 2**31 - 1, so they stay off-rank (outside [0, E)) instead of wrapping onto an expert."""
+    """Expert ids (or expert_map entries) as a contiguous int32 tensor, for callers that need int32. int64 values
+    outside int32's range are clamped to -1 / 2**31 - 1, so they stay off-rank (outside [0, E)) instead of wrapping
+    onto an expert. The kernels here do not need it: they read int32 and int64 ids as given."""
     if ids.dtype != torch.int32:
         ids = ids.clamp(-1, 2**31 - 1).to(torch.int32)
     return ids.contiguous()
@@ -349,9 +352,9 @@ def _dispatch_checked(topk_ids, num_experts, align, heights, expert_map, resolve
         return dispatch_reference(topk_ids, num_experts, align=align, tile_heights=heights, expert_map=expert_map)
     num_tokens, top_k = topk_ids.shape
     base_meta, offset_meta = _dispatch_static_meta(num_experts, align, heights, expert_map)
-    ids_flat = int32_ids(topk_ids.reshape(-1))
+    ids_flat = topk_ids.reshape(-1).contiguous()  # int32 or int64: the kernels compare ids in their own type
     if expert_map is not None:
-        expert_map = int32_ids(expert_map)
+        expert_map = expert_map.contiguous()
     bufs = _dispatch_buffers(num_tokens, top_k, num_experts, align, heights, topk_ids.device)
     _launch_dispatch(ids_flat, num_tokens * top_k, bufs[4].numel(), expert_map, bufs, base_meta, offset_meta,
                      scheme, block_slots)
@@ -390,7 +393,7 @@ def route_dispatch(logits: torch.Tensor, config: RoutingConfig, num_experts: int
     route_meta = _fused_route_meta(config, logits.shape[1], e_score_correction_bias is not None, logits.is_cuda)
     base_meta, offset_meta = _dispatch_static_meta(num_experts, align, heights, expert_map)
     if expert_map is not None:
-        expert_map = int32_ids(expert_map)
+        expert_map = expert_map.contiguous()  # int32 or int64, read as given
     if e_score_correction_bias is not None:
         e_score_correction_bias = e_score_correction_bias.contiguous()  # the kernel reads it with stride 1
     top_k = config.top_k
@@ -432,7 +435,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     TOKEN_ROW: both write hidden[0] into every padding row below row_offsets[E] (TRITON: in the same launch;
     the rows past it as with LEAVE).
 
-    slot_weights [T, k] fp32 with row_weights_out [max_rows] fp32 (both or neither): also
+    slot_weights [T, k] (any float dtype, read as fp32) with row_weights_out [max_rows] fp32 (both or neither): also
     row_weights_out[slot_rows[s]] = slot_weights.flat[s], the router weight of each row in expert order (GEMM2's
     row scale), in the same launch; its padding rows are left as they are."""
     _check_tensor("hidden", hidden, 2, _ACT_DTYPES)
@@ -442,7 +445,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     if disp.slot_rows.numel() != num_tokens * top_k:
         raise ValueError(f"disp: slot_rows has {disp.slot_rows.numel()} slots, expected T*k = {num_tokens * top_k}")
     if scale is not None:
-        _check_tensor("scale", scale, 2, (torch.float32, torch.float16, torch.bfloat16))
+        _check_tensor("scale", scale, 2, _WEIGHT_DTYPES)
         if tuple(scale.shape) != (num_tokens, top_k):
             raise ValueError(f"scale: expected shape ({num_tokens}, {top_k}), got {tuple(scale.shape)}")
     max_rows = disp.sorted_slots.numel()
@@ -450,7 +453,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
     if (slot_weights is None) != (row_weights_out is None):
         raise ValueError("slot_weights, row_weights_out: pass both (the router weights and the [max_rows] output) or neither")
     if slot_weights is not None:
-        _check_tensor("slot_weights", slot_weights, 2, (torch.float32,))
+        _check_tensor("slot_weights", slot_weights, 2, _WEIGHT_DTYPES)
         if tuple(slot_weights.shape) != (num_tokens, top_k):
             raise ValueError(f"slot_weights: expected shape ({num_tokens}, {top_k}), got {tuple(slot_weights.shape)}")
         _check_tensor("row_weights_out", row_weights_out, 1, (torch.float32,))
@@ -468,7 +471,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
         if slot_weights is not None:
             rows = disp.slot_rows.long()
             valid = rows >= 0
-            row_weights_out[rows[valid]] = slot_weights.reshape(-1)[valid]
+            row_weights_out[rows[valid]] = slot_weights.reshape(-1)[valid].to(torch.float32)
         if out is None:
             return a1
         out[:max_rows].copy_(a1)
@@ -507,9 +510,10 @@ def scatter_row_weights(slot_weights: torch.Tensor, disp: Dispatch, out: torch.T
                         backend: RouterBackend | str = RouterBackend.AUTO) -> torch.Tensor:
     """out[slot_rows[s]] = slot_weights.flat[s] for every slot on this rank: the router weight of each row in expert
     order (GEMM2's row scale) where no gather launch writes it (a GEMM1 that reads the token rows itself). Padding
-    rows of `out` are left as they are. slot_weights [T, k] fp32, out a contiguous fp32 [max_rows]."""
+    rows of `out` are left as they are. slot_weights [T, k] (any float dtype, read as fp32), out a contiguous fp32
+    [max_rows]."""
     _check_dispatch(disp)
-    _check_tensor("slot_weights", slot_weights, 2, (torch.float32,))
+    _check_tensor("slot_weights", slot_weights, 2, _WEIGHT_DTYPES)
     if slot_weights.numel() != disp.slot_rows.numel():
         raise ValueError(f"slot_weights: expected T*k = {disp.slot_rows.numel()} weights, got {tuple(slot_weights.shape)}")
     _check_tensor("out", out, 1, (torch.float32,))
@@ -519,7 +523,7 @@ def scatter_row_weights(slot_weights: torch.Tensor, disp: Dispatch, out: torch.T
     if _resolve(backend, slot_weights) is RouterBackend.TORCH:
         rows = disp.slot_rows.long()
         valid = rows >= 0
-        out[rows[valid]] = slot_weights.reshape(-1)[valid]
+        out[rows[valid]] = slot_weights.reshape(-1)[valid].to(torch.float32)
         return out
     permute = _kernel_module("permute_triton")
     num_slots = disp.slot_rows.numel()
@@ -548,7 +552,7 @@ def combine(y: torch.Tensor, disp: Dispatch, topk_weights: torch.Tensor | None, 
             f"got shape {tuple(y.shape)}"
         )
     if topk_weights is not None:
-        _check_tensor("topk_weights", topk_weights, 2, (torch.float32,))
+        _check_tensor("topk_weights", topk_weights, 2, _WEIGHT_DTYPES)
         if tuple(topk_weights.shape) != (num_tokens, top_k):
             raise ValueError(f"topk_weights: expected shape ({num_tokens}, {top_k}), got {tuple(topk_weights.shape)}")
     out_dtype = out_dtype or y.dtype

@@ -1,5 +1,6 @@
 """Dispatch kernels (Triton): topk_ids -> the padded-layout metadata of docs/design.md, on the device only.
 
+Inputs: topk_ids and expert_map int32 or int64 (read as they are, no conversion launch).
 Outputs (int32; sizes from T, k, E, align and the tile heights only): counts [E], token_offsets [E+1],
 row_offsets [E+1], tile_offsets [len(tile_heights), E+1], sorted_slots [max_rows], slot_rows [T*k].
 
@@ -60,13 +61,14 @@ MAX_TILE_HEIGHTS = 4
 
 def _local_expert_keys(ids_ptr, expert_map_ptr, slots, slot_ok, NUM_EXPERTS: tl.constexpr,
                        NUM_GLOBAL_EXPERTS: tl.constexpr, HAS_MAP: tl.constexpr):
-    """Local expert of each slot, or NUM_EXPERTS for off-rank / invalid / past-the-end slots."""
+    """Local expert of each slot (int32), or NUM_EXPERTS for off-rank / invalid / past-the-end slots. Ids and map
+    entries are int32 or int64, compared in their own type: an int64 value past int32 is off-rank, never wrapped."""
     e = tl.load(ids_ptr + slots, mask=slot_ok, other=-1)
     if HAS_MAP:
         in_range = slot_ok & (e >= 0) & (e < NUM_GLOBAL_EXPERTS)
-        e = tl.load(expert_map_ptr + e, mask=in_range, other=-1)
+        e = tl.load(expert_map_ptr + tl.where(in_range, e, 0), mask=in_range, other=-1)
     on_rank = slot_ok & (e >= 0) & (e < NUM_EXPERTS)
-    return tl.where(on_rank, e, NUM_EXPERTS)
+    return tl.where(on_rank, e, NUM_EXPERTS).to(tl.int32)
 
 
 def _store_offsets(counts, counts_ptr, token_offsets_ptr, row_offsets_ptr, tile_offsets_ptr, ecols,

@@ -15,6 +15,7 @@ combine_kernel: grid (cdiv(T, BLOCK_T), cdiv(H, BLOCK_H)). A program owns a bloc
   nothing (even with a NaN weight). One writer per output element and a fixed order: bit-stable runs.
 row_weights_kernel: grid (cdiv(T*k, BLOCK),): row_weights[slot_rows[s]] = slot_weights[s] (gather_kernel's
   ROW_WEIGHTS part alone, for a GEMM1 that reads the token rows itself).
+Router weights (scale, slot_weights, w) of any float dtype are read as they are and widened to fp32 on load.
 No shared memory, no atomics. Limits: hidden / y / out contiguous rows (stride in H of 1).
 """
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _gather_slot_block(hidden_ptr, scale_ptr, slot_rows_ptr, a1_ptr, slot_weight
     tl.store(a1_ptr + rows.to(tl.int64)[:, None] * stride_a1 + cols[None, :], x, mask=m)
     if ROW_WEIGHTS:
         if tl.program_id(1) == 0:
-            w = tl.load(slot_weights_ptr + slots, mask=valid, other=0.0)
+            w = tl.load(slot_weights_ptr + slots, mask=valid, other=0.0).to(tl.float32)  # any float dtype
             tl.store(row_weights_ptr + rows.to(tl.int64), w, mask=valid)
 
 
@@ -112,7 +113,7 @@ def combine_kernel(
         y = tl.load(y_ptr + row.to(tl.int64)[:, None] * stride_y + cols[None, :], mask=m, other=0.0)
         y = y.to(tl.float32)
         if HAS_WEIGHTS:
-            w = tl.load(weights_ptr + slot, mask=tok_ok, other=0.0)
+            w = tl.load(weights_ptr + slot, mask=tok_ok, other=0.0).to(tl.float32)  # any float dtype
             y = y * w[:, None]
         acc += tl.where(m, y, 0.0)
     out_mask = tok_ok[:, None] & col_ok[None, :]
@@ -130,7 +131,7 @@ def row_weights_kernel(slot_weights_ptr, slot_rows_ptr, row_weights_ptr, num_slo
     ok = slots < num_slots
     rows = tl.load(slot_rows_ptr + slots, mask=ok, other=-1)
     valid = rows >= 0
-    w = tl.load(slot_weights_ptr + slots, mask=valid, other=0.0)
+    w = tl.load(slot_weights_ptr + slots, mask=valid, other=0.0).to(tl.float32)  # any float dtype
     tl.store(row_weights_ptr + rows.to(tl.int64), w, mask=valid)
 
 

@@ -527,6 +527,21 @@ _TRITON_SCRIPT = textwrap.dedent(
             assert out.dtype == dtype and err <= bound, (T, dtype, routing, err, bound)
             ids_out = layer(h[:T], topk_weights=w, topk_ids=i)
             assert (ids_out.double() - ref).abs().max().item() / scale <= bound
+            # int64 ids and bf16 / fp64 weights reach the kernels as given (no narrowing or widening launch): the
+            # result of converting them first, bit for bit
+            real_int32_ids = moe2cta.router.api.int32_ids
+            moe2cta.router.api.int32_ids = None  # the kernel backends must not narrow the ids
+            try:
+                for wd in (torch.bfloat16, torch.float64):
+                    given = layer(h[:T], topk_weights=w.to(wd), topk_ids=i.long())
+                    assert torch.equal(given, layer(h[:T], topk_weights=w.to(wd).float(), topk_ids=i)), (T, wd)
+                if expert_map is not None:  # an int64 expert map, read as given too
+                    wide = moe2cta.MoELayer(w13, w2, routing=routing, activation=act, b13=b13, b2=b2,
+                                            router_weight_on=weight_on, expert_map=expert_map.long(), align=16,
+                                            backend="triton")
+                    assert torch.equal(wide(h[:T], logits[:T]), out), T
+            finally:
+                moe2cta.router.api.int32_ids = real_int32_ids
     never = moe2cta.MoELayer(w13, w2, routing=routing, align=16, backend="triton", token_gemv_max_tokens=0)
     assert not never._runs_token_gemvs(1)
     for bad in (-1, 1.5, True):
@@ -617,6 +632,46 @@ def test_gpu_backend_matches_reference(backend, num_tokens, bias):
     refs = [moe_reference(*args, weights, ids, activation, layer.get("b13"), layer.get("b2"), dtype=dtype)
             for dtype in (torch.float64, torch.bfloat16)]
     assert rel_err(out, refs[0]) <= 2 * rel_err(refs[1], refs[0]) + 1e-3, moe.backend_reason
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("backend", ["auto", "triton", "cute"])
+@pytest.mark.parametrize("num_tokens", [1, 7, 128, 1024])
+def test_gpu_routing_of_any_dtype_is_read_as_given(backend, num_tokens):
+    """Precomputed routing in a torch model's dtypes (bf16 / fp64 weights, int64 ids) gives the layer's output for the
+    same routing in fp32 / int32, bit for bit, eagerly and replayed in a CUDA graph, and launches no kernel more (the
+    layer converted them on the device up to stop 54: a clamp and a cast for the ids, a cast for the weights)."""
+    layer = make(num_tokens, 256, 128, 16, dtype=torch.bfloat16, device="cuda", seed=21, bias=True)
+    routing = RoutingConfig(top_k=4)
+    ok, reason = is_supported(backend, layer["hidden"], layer["w13"], layer["w2"], routing=routing)
+    if not ok:
+        pytest.skip(reason)
+    moe = MoELayer(layer["w13"], layer["w2"], routing=routing, backend=backend, activation=Activation.SWIGLU_OAI,
+                   b13=layer["b13"], b2=layer["b2"])
+    weights, ids = route(layer["logits"], routing)
+    weights = weights.to(torch.bfloat16).float()  # representable in bf16: every variant multiplies the same values
+    hidden = layer["hidden"]
+    want = moe(hidden, topk_weights=weights, topk_ids=ids.to(torch.int32))
+
+    def kernels(fn) -> int:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+    engine = kernels(lambda: moe(hidden, topk_weights=weights, topk_ids=ids.to(torch.int32)))
+    for wdtype in (torch.bfloat16, torch.float64):
+        given_w, given_i = weights.to(wdtype), ids.to(torch.int64)
+        assert torch.equal(moe(hidden, topk_weights=given_w, topk_ids=given_i), want), wdtype
+        assert kernels(lambda: moe(hidden, topk_weights=given_w, topk_ids=given_i)) == engine, wdtype
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe(hidden, topk_weights=given_w, topk_ids=given_i)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), wdtype
 
 
 def _sm90_cute_case(num_tokens, inter, seed, bias, device="cuda"):

@@ -334,6 +334,25 @@ def test_layer_padding_probe_arguments(capsys):
         assert "CUDA" in capsys.readouterr().err
 
 
+def test_topk_inputs_bench_arguments_and_table(capsys):
+    """The routing-dtype bench names a bad token count and an unknown model before any work; without a GPU it says
+    so and returns 2; its table sets the inputs read as given against the converted ones."""
+    from moe2cta.serving_bench import topk_inputs_bench as bench
+
+    with pytest.raises(SystemExit):
+        bench.main(["--models", "qwen3-30b-a3b", "--tokens", "0"])
+    assert "--tokens" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="qwen9"):
+        bench.main(["--models", "qwen9", "--tokens", "1"])
+    if not torch.cuda.is_available():
+        assert bench.main(["--models", "qwen3-30b-a3b", "--tokens", "1"]) == 2
+        assert "CUDA" in capsys.readouterr().err
+    row = {"model": "m", "tokens": 1, "runs": "triton", "identical_outputs": True,
+           "median_us": {"fp32+int32": 27.0, "bf16+int64": 27.2, "bf16+int64 converted": 34.0}}
+    table = bench.markdown([row])
+    assert "| m | 1 | triton | 27.0 | 27.2 | 34.0 | 0.800 | True |" in table
+
+
 def test_prefill_gemm_bench_takes_several_paddings(monkeypatch, capsys):
     """--padding takes several contents (timed side by side in one process, each once), each one of the known ones."""
     from moe2cta.serving_bench import prefill_gemm_bench

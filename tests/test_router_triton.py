@@ -254,7 +254,12 @@ def test_gather_writes_row_weights(backend):
     with pytest.raises(ValueError, match="row_weights_out"):
         gather(hidden, disp, top_k, backend=backend, slot_weights=weights, row_weights_out=row_w[:-1])
     with pytest.raises(TypeError, match="slot_weights"):
-        gather(hidden, disp, top_k, backend=backend, slot_weights=weights.half(), row_weights_out=row_w)
+        gather(hidden, disp, top_k, backend=backend, slot_weights=(weights * 8).int(), row_weights_out=row_w)
+    for wdtype in (torch.bfloat16, torch.float16, torch.float64):  # read as given, widened (or rounded) to fp32
+        narrow = weights.to(wdtype)
+        got_w = torch.full_like(row_w, -7.0)
+        gather(hidden, disp, top_k, backend=backend, slot_weights=narrow, row_weights_out=got_w)
+        assert torch.equal(got_w.cpu()[valid], narrow.float().reshape(-1).cpu()[slots[valid]]), wdtype
 
 
 @pytest.mark.parametrize("backend", [TRITON, RouterBackend.TORCH])
@@ -281,7 +286,12 @@ def test_scatter_row_weights_is_the_gathers_row_weights(backend):
     with pytest.raises(ValueError, match="out"):
         scatter_row_weights(weights, disp, got[:-1], backend=backend)
     with pytest.raises(TypeError, match="slot_weights"):
-        scatter_row_weights(weights.half(), disp, got, backend=backend)
+        scatter_row_weights((weights * 8).int(), disp, got, backend=backend)
+    for wdtype in (torch.bfloat16, torch.float16, torch.float64):  # read as given, widened (or rounded) to fp32
+        narrow = weights.to(wdtype)
+        got_w = scatter_row_weights(narrow, disp, torch.full_like(got, -7.0).to(DEVICE), backend=backend).cpu()
+        assert torch.equal(got_w[valid], narrow.float().reshape(-1).cpu()[slots[valid]]), wdtype
+        assert torch.equal(got_w[~valid], torch.full_like(got_w[~valid], -7.0))
     with pytest.raises(ValueError, match="slot_weights"):
         scatter_row_weights(weights[:-1], disp, got, backend=backend)
 
@@ -309,6 +319,12 @@ def test_combine_matches_reference(dtype, out_dtype, with_weights):
     torch.testing.assert_close(got.float().cpu(), want.float().cpu(), rtol=tol, atol=tol)
     again = combine(y, disp, weights, num_tokens, top_k, out_dtype=out_dtype, backend=TRITON)
     assert torch.equal(got, again)
+    if with_weights:  # weights of another float dtype are read as given: the result of widening them first
+        for wdtype in (torch.bfloat16, torch.float64):
+            narrow = weights.to(wdtype)
+            got_w = combine(y, disp, narrow, num_tokens, top_k, out_dtype=out_dtype, backend=TRITON)
+            assert torch.equal(got_w, combine(y, disp, narrow.float(), num_tokens, top_k, out_dtype=out_dtype,
+                                              backend=TRITON)), wdtype
     for backend in (TRITON, RouterBackend.TORCH):  # fewer rows than the dispatch addresses: named, not read
         with pytest.raises(ValueError, match=r"^y: expected at least \d+ rows"):
             combine(y[:4], disp, weights, num_tokens, top_k, out_dtype=out_dtype, backend=backend)
@@ -329,6 +345,11 @@ def test_route_dispatch_fused(use_map):
     rw, ri = route_reference(logits, config)
     assert_route_equal((weights, ids), (rw, ri))
     assert_dispatch_equal(disp, dispatch_reference(ri, local, align=8, expert_map=expert_map))
+    if use_map:  # an int64 map is read as given (no narrowing launch), its values compared as int64
+        wide = expert_map.long()
+        wide[2] = 2**32 + wide[2]  # past int32: off-rank, not wrapped back onto its local expert
+        _, ids64, disp64 = route_dispatch(logits, config, local, align=8, expert_map=wide, backend=TRITON)
+        assert_dispatch_equal(disp64, dispatch_reference(ri, local, align=8, expert_map=wide))
 
 
 # ------------------------------------------------------------------ LOGIT_INT32 keys (v3) vs SCORE_INT64
@@ -584,7 +605,7 @@ def test_int64_ids_and_map_values_past_int32_stay_off_rank():
     want = dispatch_reference(ids, 4, align=1, expert_map=expert_map)
     assert_dispatch_equal(dispatch(ids, 4, align=1, expert_map=expert_map, backend=TRITON), want)
     assert want.slot_rows.tolist() == [0, -1, 1, -1]
-    from moe2cta.router.api import int32_ids  # what the layer narrows int64 ids with
+    from moe2cta.router.api import int32_ids  # what the layer narrows int64 ids with for the TORCH backend
 
     narrowed = int32_ids(torch.tensor([2**32 + 1, -2**40, 3, -1]))
     assert narrowed.dtype == torch.int32 and narrowed.tolist() == [2**31 - 1, -1, 3, -1]

@@ -156,6 +156,32 @@ def test_ids_outside_the_experts_add_nothing_cpu(interpret):
     check(dict(c, ids=valid_ids), a2, out, Activation.SWIGLU)
 
 
+def test_int64_ids_and_any_float_weights_read_as_given_cpu(interpret):
+    """int64 ids (values past int32 included) and bf16 / fp16 / fp64 router weights go to the kernels as they are:
+    the outputs equal those of the int32 ids and the weights widened to fp32 first (the conversions the layer used to
+    launch), bit for bit; an int64 id past int32 is off-rank (it wrapped onto expert 1 when narrowed: 2**32 + 1)."""
+    c = make_case(3, 2, 4, 32, 16, torch.float32, seed=6)
+    for on_input in (False, True):
+        for wdtype in (torch.bfloat16, torch.float16, torch.float64):
+            weights = c["weights"].to(wdtype)
+            want = run_both(dict(c, weights=weights.float()), Activation.SWIGLU, W13Layout.CHUNKED, on_input=on_input)
+            got = run_both(dict(c, ids=c["ids"].long(), weights=weights), Activation.SWIGLU, W13Layout.CHUNKED,
+                           on_input=on_input)
+            assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0]), (on_input, wdtype)
+    ids = c["ids"].long()
+    ids[1, 0] = 2**32 + 1
+    a2, out = run_both(dict(c, ids=ids), Activation.SWIGLU, W13Layout.GATE_THEN_UP)
+    valid_ids = c["ids"].clone()
+    valid_ids[1, 0] = -1
+    check(dict(c, ids=valid_ids), a2, out, Activation.SWIGLU)
+    expert_map = torch.tensor([0, 1, 2, 3, -1, -1], dtype=torch.int64)  # int64 ids through an int64 map
+    ids[1, 0] = 2**33  # past the map
+    a2, out = run_both(dict(c, ids=ids), Activation.SWIGLU, W13Layout.CHUNKED, expert_map=expert_map)
+    check(dict(c, ids=valid_ids), a2, out, Activation.SWIGLU)
+    with pytest.raises(ValueError, match="topk_weights"):
+        run_both(dict(c, weights=c["weights"].to(torch.int32)), Activation.SWIGLU, W13Layout.CHUNKED)
+
+
 def test_empty_batch_and_bit_stable_cpu(interpret):
     c = make_case(0, 2, 4, 32, 16, torch.float32)
     a2, out = run_both(c, Activation.SWIGLU, W13Layout.GATE_THEN_UP)
@@ -229,7 +255,7 @@ def test_argument_errors():
     with pytest.raises(TypeError, match="^hidden: expected a torch.Tensor"):
         tk.token_gemv1(h.numpy(), ids, w13)
     with pytest.raises(ValueError, match="^topk_ids: expected dtype"):
-        tk.token_gemv1(h, ids.long(), w13)
+        tk.token_gemv1(h, ids.short(), w13)
     with pytest.raises(ValueError, match="^topk_ids: expected 2 rows"):
         tk.token_gemv1(h, ids[:1].contiguous(), w13)
     with pytest.raises(ValueError, match="^w13: expected dtype"):
@@ -239,7 +265,7 @@ def test_argument_errors():
     with pytest.raises(ValueError, match="^b13: expected a contiguous tensor of shape"):
         tk.token_gemv1(h, ids, w13, b13=torch.zeros(4, 16))
     with pytest.raises(ValueError, match="^topk_weights: expected dtype"):
-        tk.token_gemv1(h, ids, w13, topk_weights=c["weights"].double())
+        tk.token_gemv1(h, ids, w13, topk_weights=c["weights"].int())
     with pytest.raises(TypeError, match="^w13_layout: expected a W13Layout"):
         tk.token_gemv1(h, ids, w13, w13_layout="chunked")
     with pytest.raises(ValueError, match="^activation: expected one of"):
