@@ -157,7 +157,8 @@ class GraphedMoELayer:
             self._token0_padded = (self._logits,)
         else:
             self._weights = torch.zeros(rows, top_k, dtype=torch.float32, device=device)
-            self._ids = torch.arange(top_k, dtype=torch.int32, device=device).expand(rows, top_k).contiguous()
+            # int64 ids: a caller's int32 or int64 ids are copied in exactly (the kernels read int64 as given)
+            self._ids = torch.arange(top_k, dtype=torch.int64, device=device).expand(rows, top_k).contiguous()
             self._routing_buffers = (self._weights, self._ids)
             self._zero_padded = (self._hidden, self._weights)
             self._token0_padded = (self._ids,)
@@ -274,8 +275,6 @@ class GraphedMoELayer:
             static_rows = buffer[:num_tokens]
             if (source.data_ptr(), source.dtype, source.stride()) != (static_rows.data_ptr(), static_rows.dtype,
                                                                        static_rows.stride()):
-                if static_rows.dtype == torch.int32 and source.dtype == torch.int64:  # ids past int32: off-rank
-                    source = source.clamp(-1, 2**31 - 1)
                 static_rows.copy_(source)  # (a view from static_inputs() is in place already)
         # rows num_tokens..size-1 must hold padding: zero rows only where an earlier call wrote, token 0's always
         start, end, self._dirty_rows = padding_rows(num_tokens, size, self._dirty_rows)

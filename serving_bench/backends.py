@@ -47,6 +47,7 @@ from .routing_twin import route_twin
 from .timing import GraphCapture
 
 __all__ = [
+    "preset_layer",
     "BackendFamily",
     "CellFacts",
     "ExpertWeights",
@@ -96,6 +97,14 @@ def make_expert_weights(preset: ModelPreset, device, *, seed: int, dtype: torch.
     if preset.routing.scoring is Scoring.SIGMOID_GROUPED:
         bias = make_correction_bias(e, seed=seed + 1, device=device)
     return ExpertWeights(w13, w2, b13, b2, bias)
+
+
+def preset_layer(preset: ModelPreset, weights: ExpertWeights, backend):
+    """The measurement tools' layer: a moe2cta.MoELayer with the preset's routing and activation on `weights`."""
+    from moe2cta import MoELayer
+
+    return MoELayer(weights.w13, weights.w2, routing=preset.routing, activation=preset.activation, b13=weights.b13,
+                    b2=weights.b2, e_score_correction_bias=weights.e_score_correction_bias, backend=backend)
 
 
 def route_for_peers(logits, preset: ModelPreset, weights: ExpertWeights):

@@ -34,7 +34,7 @@ from moe2cta import Backend, GraphedMoELayer, GraphOutput, MoELayer
 from moe2cta.graphed import capture_size_for
 from moe2cta.presets import get_preset
 
-from .backends import make_expert_weights
+from .backends import make_expert_weights, preset_layer
 
 __all__ = ["CallMode", "STAGES", "host_time_per_forward", "stage_times", "main"]
 
@@ -176,9 +176,7 @@ def main(argv=None) -> int:
     weights = make_expert_weights(preset, dev, seed=0)
     report = []
     for backend in args.backends:
-        layer = MoELayer(weights.w13, weights.w2, routing=preset.routing, activation=preset.activation,
-                         b13=weights.b13, b2=weights.b2, e_score_correction_bias=weights.e_score_correction_bias,
-                         backend=backend)
+        layer = preset_layer(preset, weights, backend)
         for mode in map(CallMode, args.modes):
             forward = layer
             if mode is not CallMode.EAGER:

@@ -23,7 +23,7 @@ import torch
 from moe2cta import Backend, MoELayer, api
 from moe2cta.presets import get_preset
 
-from .backends import make_expert_weights
+from .backends import make_expert_weights, preset_layer
 from .timing import interleaved_rounds
 
 __all__ = ["main"]
@@ -105,9 +105,7 @@ def main(argv=None) -> int:
     for name in args.models:
         preset = get_preset(name)
         weights = make_expert_weights(preset, torch.device("cuda"), seed=0)
-        layer = MoELayer(weights.w13, weights.w2, routing=preset.routing, activation=preset.activation,
-                         b13=weights.b13, b2=weights.b2, e_score_correction_bias=weights.e_score_correction_bias,
-                         backend=args.backend)
+        layer = preset_layer(preset, weights, args.backend)
         for tokens in args.tokens:
             r = probe_cell(layer, preset, tokens, tuple(args.contents), args.rounds)
             report.append(r)

@@ -30,7 +30,7 @@ import torch
 from moe2cta import Backend, MoELayer
 from moe2cta.presets import get_preset
 
-from .backends import make_expert_weights
+from .backends import make_expert_weights, preset_layer
 from .power import PowerSampler, sustain
 
 __all__ = ["ProfileMode", "EagerForward", "capture_forward", "capture_forward_output", "profile_layer", "profile_calls", "main"]
@@ -124,9 +124,7 @@ def main(argv=None) -> int:
     weights = make_expert_weights(preset, dev, seed=0)
     report = []
     for backend in args.backends:
-        layer = MoELayer(weights.w13, weights.w2, routing=preset.routing, activation=preset.activation,
-                         b13=weights.b13, b2=weights.b2, e_score_correction_bias=weights.e_score_correction_bias,
-                         backend=backend)
+        layer = preset_layer(preset, weights, backend)
         for tokens in args.tokens:
             gen = torch.Generator(device="cpu").manual_seed(tokens)
             hidden = torch.randn(tokens, preset.hidden, generator=gen).to(dev, torch.bfloat16)

@@ -23,7 +23,7 @@ import torch
 from moe2cta import Backend, MoELayer, route
 from moe2cta.presets import get_preset
 
-from .backends import make_expert_weights
+from .backends import make_expert_weights, preset_layer
 from .timing import TimingConfig, TimingMode, time_interleaved
 
 __all__ = ["main", "VARIANTS"]
@@ -68,6 +68,8 @@ def time_cell(layer: MoELayer, preset, tokens: int, config: TimingConfig) -> dic
                     for r in range(ROTATIONS))
     return {"model": preset.name, "tokens": tokens, "runs": layer.backend_for(tokens).value,
             "median_us": {name: statistics.median(results[name].samples_us) for name in VARIANTS},
+            "p10_us": {name: results[name].percentile(10) for name in VARIANTS},
+            "p90_us": {name: results[name].percentile(90) for name in VARIANTS},
             "samples": {name: len(results[name].samples_us) for name in VARIANTS}, "identical_outputs": identical}
 
 
@@ -87,23 +89,25 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", required=True)
     parser.add_argument("--tokens", type=int, nargs="+", required=True)
     parser.add_argument("--backend", default="auto", choices=[b.value for b in Backend if b is not Backend.TORCH])
+    parser.add_argument("--seconds", type=float, default=0.2, help="sampling time per cell (all variants)")
+    parser.add_argument("--repeats", type=int, default=1, help="times each cell is timed (in a row)")
     parser.add_argument("--json")
     parser.add_argument("--md")
     args = parser.parse_args(argv)
     if any(t < 1 for t in args.tokens):
         parser.error("--tokens: expected integers >= 1")
+    if not args.seconds > 0 or args.repeats < 1:
+        parser.error("--seconds, --repeats: expected a time > 0 and a count >= 1")
     presets = [get_preset(name) for name in args.models]  # (names checked before any work)
     if not torch.cuda.is_available():
         print("topk_inputs_bench needs a CUDA GPU", file=sys.stderr)
         return 2
-    config = TimingConfig(max_rotation=ROTATIONS)
+    config = TimingConfig(max_rotation=ROTATIONS, target_seconds=args.seconds, max_samples=max(300, int(args.seconds * 3000)))
     report = []
     for preset in presets:
         weights = make_expert_weights(preset, torch.device("cuda"), seed=0)
-        layer = MoELayer(weights.w13, weights.w2, routing=preset.routing, activation=preset.activation,
-                         b13=weights.b13, b2=weights.b2, e_score_correction_bias=weights.e_score_correction_bias,
-                         backend=args.backend)
-        for tokens in args.tokens:
+        layer = preset_layer(preset, weights, args.backend)
+        for tokens in [t for t in args.tokens for _ in range(args.repeats)]:
             r = time_cell(layer, preset, tokens, config)
             report.append(r)
             cells = "  ".join(f"{v} {us:8.1f}" for v, us in r["median_us"].items())

@@ -342,6 +342,9 @@ def test_topk_inputs_bench_arguments_and_table(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--models", "qwen3-30b-a3b", "--tokens", "0"])
     assert "--tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--models", "qwen3-30b-a3b", "--tokens", "1", "--seconds", "0"])
+    assert "--seconds" in capsys.readouterr().err
     with pytest.raises(ValueError, match="qwen9"):
         bench.main(["--models", "qwen9", "--tokens", "1"])
     if not torch.cuda.is_available():

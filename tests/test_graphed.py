@@ -153,6 +153,25 @@ def test_gpu_graphed_equals_the_eager_forward_of_the_padded_batch(backend, input
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("backend", ["triton", "cute"])
+def test_gpu_graphed_topk_ids_of_either_width(backend):
+    """The static ids are int64: int32 ids and int64 ids (one past int32's range: off-rank, adding nothing) copy in
+    exactly, one copy each, and the replay equals the eager forward of the padded batch."""
+    moe, _ = _gpu_layer(backend)
+    graphed = GraphedMoELayer(moe, SIZES, inputs=GraphInputs.TOPK)
+    hidden, kwargs = _inputs(5, 7, GraphInputs.TOPK)
+    wide = kwargs["topk_ids"].clone()
+    wide[2, 1] = 2**32 + 1  # narrowed to int32 it would wrap onto expert 1
+    for ids in (kwargs["topk_ids"].to(torch.int32), wide):
+        call = dict(topk_weights=kwargs["topk_weights"], topk_ids=ids)
+        out = graphed(hidden, **call)
+        padded_hidden, padded = _padded(hidden, call, capture_size_for(5, SIZES), GraphInputs.TOPK)
+        assert torch.equal(out, moe(padded_hidden, **padded)[:5]), ids.dtype
+    assert graphed._ids.dtype == torch.int64 and int(graphed._ids[2, 1]) == 2**32 + 1
+
+
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize("inputs", list(GraphInputs), ids=lambda m: m.value)
 def test_gpu_graphed_inputs_written_in_place(inputs):
     """A batch written into static_inputs() views (no input copy), the first call of a size capturing it lazily: the
