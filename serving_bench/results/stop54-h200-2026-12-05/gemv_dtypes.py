@@ -31,7 +31,7 @@ for name in sys.argv[1:]:
 
         fns = {"int32+fp32": lambda h, i32, w32, i64, wb: chain(h, i32, w32),
                "int64+bf16": lambda h, i32, w32, i64, wb: chain(h, i64, wb)}
-        for repeat in range(3):
+        for repeat in range(2):
             res = time_interleaved(fns, inputs, torch.device("cuda"), TimingConfig(max_rotation=4, target_seconds=0.5))
             print(name, "T=%d" % tokens, "  ".join(
                 f"{k} {statistics.median(r.samples_us):7.2f} [{r.percentile(10):.2f}, {r.percentile(90):.2f}]"
