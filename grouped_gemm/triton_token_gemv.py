@@ -232,14 +232,6 @@ def default_config(problem: TokenGemvProblem) -> TokenGemvConfig:
 # builtins and the per-mode helpers _add / _gated_activation, so it runs in the interpreter too).
 
 
-def _int32_id(ids):
-    """int64 ids or map entries clamped into int32 on load (a value past int32's range stays off-rank, never wraps onto
-    an expert), so that the rest of the kernel is the int32 one; int32 ones as they are."""
-    if ids.dtype == tl.int64:
-        ids = tl.minimum(tl.maximum(ids, -1), 2**31 - 1).to(tl.int32)
-    return ids
-
-
 def _token_gemv_kernel(
     x_ptr, ids_ptr, map_ptr, topk_w_ptr, w_ptr, bias_ptr, out_ptr,
     num_tokens, N, K, num_experts, map_len,
@@ -264,12 +256,13 @@ def _token_gemv_kernel(
     offs_j = g * BLOCK_J + tl.arange(0, BLOCK_J)
     slot_ok = offs_j < TOP_K
     slots = t.to(tl.int64) * TOP_K + tl.minimum(offs_j, TOP_K - 1)  # clamped: always a valid slot
-    experts = _int32_id(tl.load(ids_ptr + slots))
+    experts = tl.load(ids_ptr + slots)
     if HAS_MAP:  # global -> local id; -1: not on this rank (ids of -1: slot unused)
         in_map = (experts >= 0) & (experts < map_len)
-        mapped = _int32_id(tl.load(map_ptr + tl.minimum(tl.maximum(experts, 0), map_len - 1)))
+        mapped = tl.load(map_ptr + tl.minimum(tl.maximum(experts, 0), map_len - 1))
         experts = tl.where(in_map, mapped, -1)
-    # Ids outside the weights' experts add nothing, as the dispatch treats them (off-rank), never an address.
+    # Ids outside the weights' experts add nothing, as the dispatch treats them (off-rank), never an address. Ids and
+    # map entries (int32 or int64) are compared in their own type: an int64 value past int32 is never wrapped.
     slot_ok = slot_ok & (experts >= 0) & (experts < num_experts)
     experts = tl.where(slot_ok, experts, 0)
     e_off = tl.maximum(experts, 0).to(tl.int64) * stride_we  # [BLOCK_J]
@@ -364,7 +357,6 @@ def _jitted_kernel(interpret: bool):
     del interpret  # part of the cache key only (triton reads its mode when it decorates)
     namespace = dict(globals())
     namespace.update(_decorated_helpers())
-    namespace["_int32_id"] = _decorated(_int32_id, namespace)
     # num_tokens varies with the batch: specializing on it would compile per T.
     return _decorated(_token_gemv_kernel, namespace, do_not_specialize=["num_tokens"])
 

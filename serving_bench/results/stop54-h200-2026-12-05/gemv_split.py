@@ -1,7 +1,6 @@
-"""Diagnostic (stop 54, call 3): which dtype makes gpt-oss-120b's token GEMVs slower at T=1 (call 2: int64 ids + bf16
-weights 66.7-67.0 us against 60.2-60.5 for int32 + fp32; the loop bodies differ only in ptxas's instruction order), on
-the kernels that narrow int64 ids to int32 right at their load (`_int32_id`, after call 2)? GEMV1 alone with
-int32 / int64 ids, GEMV2 alone with the four (ids, weights) dtype pairs, each set in its own interleaved rounds
+"""Diagnostic (stop 54, call 3, not yet run): which dtype makes gpt-oss-120b's token GEMVs slower at T=1 (call 2: int64
+ids + bf16 weights 66.7-67.0 us against 60.2-60.5 for int32 + fp32; the loop bodies differ only in ptxas's instruction
+order)? GEMV1 alone with int32 / int64 ids, GEMV2 alone with the four (ids, weights) dtype pairs, each set in its own interleaved rounds
 (graph replay, 4 rotated inputs, 0.5 s), twice. Prints medians and p10 / p90."""
 import statistics
 import sys
