@@ -7,7 +7,11 @@ compiled kernel, so one kernel serves every batch size.
 A bundle is a directory of shared libraries, one per key, made by `export_kernel` (CuTe DSL `export_to_c`
 of a kernel compiled with `--enable-tvm-ffi`, linked with `gcc -shared`), plus `manifest.json` with one
 entry per key and, on request, the PTX beside each library. `load_kernel` opens one with
-`tvm_ffi.load_module`; that needs only `libcute_dsl_runtime.so` and the `tvm_ffi` package, no compiler.
+`tvm_ffi.load_module`; that needs only `libcute_dsl_runtime.so` and the `tvm_ffi` package, no compiler. The runtime
+library is loaded first (`load_cute_dsl_runtime`): from the dynamic loader's path (LD_LIBRARY_PATH), else from an
+installed nvidia-cutlass-dsl-libs package. Each entry also records its library's size and sha256; `load_kernel`
+refuses a library that no longer matches them before opening it (a truncated library would kill the process when
+read).
 
 The bundle directory is found at call time: an explicit argument, else the environment variable
 MOE2CTA_KERNEL_DIR (read when asked, never at import).
@@ -66,6 +70,8 @@ __all__ = [
     "export_kernel",
     "load_kernel",
     "read_manifest",
+    "library_problem",
+    "load_cute_dsl_runtime",
     "kernel_sources_digest",
     "SOURCES_UNAVAILABLE",
     "KernelCache",
@@ -307,14 +313,22 @@ def record_request(path: str | os.PathLike, key: "KernelKey", request: dict) -> 
     if not isinstance(request, dict) or request.get("family") != key.family:
         raise ValueError(f"request: expected a dict with family {key.family!r}, got {request!r}")
     path = pathlib.Path(path)
+    if path.is_dir():
+        raise ValueError(f"requests file {path}: is a directory, expected a file (one JSON line per kernel)")
     path.parent.mkdir(parents=True, exist_ok=True)
     stem = key.file_stem()
     with _manifest_lock, open(str(path) + ".lock", "a") as lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)
         if any(entry["stem"] == stem for entry in read_requests(path)):
             return False
-        with open(path, "a") as f:
-            f.write(json.dumps({"stem": stem, "key": key.to_json(), "request": request}, sort_keys=True) + "\n")
+        with open(path, "ab+") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":  # a last line written by hand without its newline: end it first
+                    f.write(b"\n")
+            record = {"stem": stem, "key": key.to_json(), "request": request}
+            f.write((json.dumps(record, sort_keys=True) + "\n").encode())
     return True
 
 
@@ -323,8 +337,12 @@ def read_requests(path: str | os.PathLike) -> list[dict]:
     path = pathlib.Path(path)
     if not path.exists():
         return []
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a requests file ({exc})") from None
     entries = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -527,7 +545,11 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     if not path.exists():
         return {}
     try:
-        manifest = json.loads(path.read_text())
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a bundle manifest ({exc})") from None
+    try:
+        manifest = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not a bundle manifest (JSON: {exc})") from None
     if not isinstance(manifest, dict) or not all(isinstance(v, dict) for v in manifest.values()):
@@ -605,6 +627,7 @@ def export_kernel(
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"export_kernel: gcc failed for {stem}:\n{result.stderr}")
+        library_bytes, library_sha256 = _file_size_and_sha256(linked)
         staged = out / f".{stem}.so.{os.getpid()}.tmp"
         shutil.copyfile(linked, staged)
         staged.replace(lib_path)
@@ -618,6 +641,8 @@ def export_kernel(
     entry = {
         "key": key.to_json(),
         "library": lib_path.name,
+        "library_bytes": library_bytes,
+        "library_sha256": library_sha256,
         "function": key.function_name(),
         "ptx": ptx_file.name if ptx_file else None,
         "smem_bytes": smem_bytes,
@@ -629,6 +654,82 @@ def export_kernel(
         entry["info"] = info
     _write_manifest_entry(out, stem, entry)
     return lib_path
+
+
+def _file_size_and_sha256(path: pathlib.Path) -> tuple[int, str]:
+    data = path.read_bytes()
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def library_problem(path: pathlib.Path, entry: dict | None) -> str | None:
+    """Why the library file `path` is not the one its manifest entry recorded at export (another size or sha256:
+    truncated, or changed since), or None. A library whose entry records neither (a bundle exported before moe2cta
+    recorded them) is not checked. Checked before the library is opened: the loader maps a truncated library, and
+    the process dies (SIGBUS) when it reads the missing part."""
+    if not isinstance(entry, dict) or ("library_bytes" not in entry and "library_sha256" not in entry):
+        return None
+    try:
+        size, sha256 = _file_size_and_sha256(path)
+    except OSError as exc:
+        return f"it cannot be read ({exc})"
+    if "library_bytes" in entry and size != entry["library_bytes"]:
+        return (f"it holds {size} bytes where its manifest entry recorded {entry['library_bytes']} (truncated or "
+                "changed since it was built)")
+    if "library_sha256" in entry and sha256 != entry["library_sha256"]:
+        return "its sha256 differs from the one its manifest entry recorded (changed since it was built)"
+    return None
+
+
+RUNTIME_LIBRARY = "libcute_dsl_runtime.so"
+_runtime_lock = threading.Lock()
+_runtime_loaded: list = []  # the ctypes handle of RUNTIME_LIBRARY, once loaded: kept for the process's life
+
+
+def _packaged_runtime_libraries() -> list[pathlib.Path]:
+    """RUNTIME_LIBRARY in an installed nvidia-cutlass-dsl-libs package (nvidia_cutlass_dsl/cu*/lib), found without
+    importing the DSL; highest CUDA major first."""
+    try:
+        spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    found = [path for location in spec.submodule_search_locations
+             for path in pathlib.Path(location).glob(f"cu*/lib/{RUNTIME_LIBRARY}")]
+    return sorted(found, key=lambda path: (len(path.parent.parent.name), path.parent.parent.name), reverse=True)
+
+
+def load_cute_dsl_runtime() -> str | None:
+    """Load RUNTIME_LIBRARY, which every bundle library needs by name, into this process (RTLD_GLOBAL, once), so that
+    the dynamic loader resolves the bundle libraries' dependency to it. Where it is found: the loader's own search
+    path first (LD_LIBRARY_PATH, as a deployment without the DSL sets it), else the copy an installed
+    nvidia-cutlass-dsl-libs package holds (the DSL itself is not imported). None once loaded, else why not."""
+    import ctypes
+
+    with _runtime_lock:
+        if _runtime_loaded:
+            return None
+        tried = []
+        for candidate in [RUNTIME_LIBRARY, *map(str, _packaged_runtime_libraries())]:
+            try:
+                _runtime_loaded.append(ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL))
+                return None
+            except OSError as exc:
+                tried.append(str(exc))
+        return (f"{RUNTIME_LIBRARY}, which every bundle library needs, is neither on the dynamic loader's path nor in "
+                "an installed nvidia-cutlass-dsl-libs-cu12 / -cu13 package: install that package (the version the "
+                f"bundle was built with) or start Python with its lib directory on LD_LIBRARY_PATH ({'; '.join(tried)})")
+
+
+def _load_failure(exc: Exception, path: pathlib.Path) -> str:
+    """What tvm_ffi's failure to open `path` says, in words: a missing dependency named, else the loader's reason."""
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    reason = reason.replace(str(path), path.name).replace("Check failed: (lib_handle_ != nullptr) is false: ", "")
+    missing = re.search(r"([^\s:]+): cannot open shared object file", reason)
+    if missing:
+        return (f"the dynamic loader does not find {missing.group(1)}, which it needs; put that library's directory on "
+                f"LD_LIBRARY_PATH ({reason[-400:]})")
+    return f"it cannot be loaded ({reason[-400:]}): it is corrupt, truncated or built for another platform"
 
 
 def _build_hint(arch: str, directory) -> str:
@@ -663,16 +764,24 @@ def load_kernel(key: KernelKey, directory: str | os.PathLike) -> Callable:
         warnings.warn(f"load_kernel: {path}: {stale}; loaded anyway (${KERNEL_PROVENANCE_ENV}=warn)", RuntimeWarning,
                       stacklevel=2)
     try:
+        changed = library_problem(path, _manifest_entry(path.parent, key.file_stem()))
+    except (OSError, ValueError):  # an unreadable manifest: provenance_problem said so unless the policy is WARN
+        changed = None
+    if changed is not None:
+        raise BundleKernelError(f"load_kernel: {path} is not loaded: {changed}. Build it again with "
+                                f"{_build_hint(key.arch, path.parent)}")
+    try:
         import tvm_ffi  # lazy: only the runtime needs it
     except ImportError as exc:
         raise RuntimeError("load_kernel: the tvm_ffi package (apache-tvm-ffi) is needed to load bundles") from exc
+    runtime = load_cute_dsl_runtime()
+    if runtime is not None:
+        raise BundleKernelError(f"load_kernel: {path} is not loaded: {runtime}")
     try:
         module = tvm_ffi.load_module(str(path))
     except Exception as exc:  # tvm-ffi reports a library dlopen refuses as a RuntimeError from its C++ check
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BundleKernelError(
-            f"load_kernel: {path} cannot be loaded ({reason[:300]}): it is corrupt, truncated or built for another "
-            f"platform. Build it again with {_build_hint(key.arch, path.parent)}"
+            f"load_kernel: {path}: {_load_failure(exc, path)}. Build it again with {_build_hint(key.arch, path.parent)}"
         ) from exc
     try:
         function = module[key.function_name()]

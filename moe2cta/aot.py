@@ -33,6 +33,8 @@ ARCHES = ("sm_90a", "sm_100a")
 FAMILY_MODULES = {"sm_90a": "moe2cta.grouped_gemm.sm90_grouped_gemm",
                   "sm_100a": "moe2cta.grouped_gemm.sm100_grouped_gemm"}
 FAMILIES = {"sm90_grouped_gemm": FAMILY_MODULES["sm_90a"], "sm100_grouped_gemm": FAMILY_MODULES["sm_100a"]}
+# each family's (configuration, problem) classes: what a request's two objects are read back into
+REQUEST_TYPES = {"sm_90a": ("Sm90GemmConfig", "Sm90Problem"), "sm_100a": ("Sm100GemmConfig", "Sm100Problem")}
 
 
 def _require_kernel_sources(arch: str) -> None:
@@ -106,7 +108,21 @@ def read_build_requests(requests_path: str, arch: str) -> list[dict]:
     other = sorted({e["key"]["arch"] for e in entries} - {arch})
     if other:
         raise ValueError(f"requests: {requests_path} also asks for kernels of {other}; build each arch with its --arch")
+    _check_requests_buildable([e["request"] for e in entries], arch, requests_path)
     return entries
+
+
+def _check_requests_buildable(requests: list, arch: str, requests_path: str) -> None:
+    """Each request read back into its family's configuration and problem and accepted by its can_implement, before
+    any compile or output directory: otherwise the ValueError of cute_runtime.requested_kernels, naming the file."""
+    from moe2cta.grouped_gemm.cute_runtime import requested_kernels
+
+    module = importlib.import_module(FAMILY_MODULES[arch])
+    config_type, problem_type = (getattr(module, name) for name in REQUEST_TYPES[arch])
+    try:
+        requested_kernels(requests, module.FAMILY, config_type, problem_type, module.can_implement)
+    except ValueError as error:
+        raise ValueError(f"requests: {requests_path}: {error}") from None
 
 
 def bundle_requests(bundle_dir: str, out_file: str, exclude_dirs=()) -> int:
@@ -125,7 +141,10 @@ def bundle_requests(bundle_dir: str, out_file: str, exclude_dirs=()) -> int:
             continue
         if not isinstance(entry.get("key"), dict):
             raise ValueError(f"from_bundle: {stem}: its manifest entry has no key object")
-        key = KernelKey.from_json(entry["key"])
+        try:
+            key = KernelKey.from_json(entry["key"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"from_bundle: {stem}: its manifest entry holds no kernel key ({error})") from None
         if key.family not in FAMILIES:
             raise ValueError(f"from_bundle: {stem}: no family {key.family!r} here ({sorted(FAMILIES)})")
         module = importlib.import_module(FAMILIES[key.family])
@@ -136,10 +155,11 @@ def bundle_requests(bundle_dir: str, out_file: str, exclude_dirs=()) -> int:
 def check_bundle(bundle_dir: str) -> tuple[int, list[str]]:
     """(how many of bundle_dir's kernels this moe2cta would load, one line per kernel it would not: its library
     missing, or built from other kernel sources than this version's, or of unknown provenance). The libraries are
-    not opened: that needs the runtime, which a build machine may lack."""
+    not opened: that needs the runtime, which a build machine may lack; a library whose size or sha256 differs from
+    what its entry recorded (truncated, or changed since the build) is one it would not load."""
     import pathlib
 
-    from moe2cta.grouped_gemm.cute_runtime import KernelKey, provenance_problem, read_manifest
+    from moe2cta.grouped_gemm.cute_runtime import KernelKey, library_problem, provenance_problem, read_manifest
 
     directory = pathlib.Path(bundle_dir)
     if not directory.is_dir():
@@ -161,7 +181,7 @@ def check_bundle(bundle_dir: str) -> tuple[int, list[str]]:
         elif key.family not in FAMILIES:
             problems.append(f"{stem}: no family {key.family!r} here ({sorted(FAMILIES)})")
         else:
-            why = provenance_problem(key, directory)
+            why = provenance_problem(key, directory) or library_problem(directory / f"{stem}.so", entry)
             if why is None:
                 usable += 1
             else:
@@ -218,6 +238,9 @@ def main(argv=None) -> int:
         else:
             model_preset(args.model)
         output_dir(args.out, "--out")
+        from moe2cta.grouped_gemm.cute_runtime import read_manifest
+
+        read_manifest(args.out)  # an unreadable manifest there fails now, not after the compiles
         if args.requests is not None:
             paths = build_requests(args.requests, args.arch, args.out, args.keep_ptx)
         else:

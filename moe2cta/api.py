@@ -363,10 +363,12 @@ def is_supported(
     expert_map: torch.Tensor | None = None,
     align: int = 128,
 ) -> tuple[bool, str]:
-    """(True, "") if `backend` can run this layer, else (False, reason). AUTO: always (True, the choice).
+    """(True, "") if `backend` can run this layer, else (False, reason). AUTO: (True, the choice) for every layer
+    some backend runs.
 
     Malformed inputs are not a support question: they raise ValueError / TypeError as in fused_moe (shapes, a
-    routing whose top_k exceeds the experts). A hidden of another dtype or device than w13 is answered as a reason.
+    routing whose top_k exceeds the experts). A hidden of another dtype or device than w13, which no backend runs, is
+    answered (False, reason) for every backend, AUTO included.
     """
     backend = Backend.parse(backend)
     config = MoEConfig(routing, activation, router_weight_on, align)

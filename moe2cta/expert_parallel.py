@@ -38,8 +38,10 @@ experts). The defaults are the torch twins, which run anywhere but do host syncs
 (bincount, boolean indexing, .tolist()); GPU runs plug in the Triton / CuTe functions with the same
 signatures.
 
-Limits: expert ids must lie in [0, num_global_experts); num_global_experts >= world_size (every rank
-owns at least one expert); weights, hidden and logits on the device of the process group's backend.
+Limits: an expert id outside [0, num_global_experts) is off-rank, as in the single-device dispatch: its slot is
+sent nowhere and contributes zero (ep_fused_moe refuses such ids where they are on the CPU, as fused_moe's
+IdCheck.AUTO does); num_global_experts >= world_size (every rank owns at least one expert); weights, hidden and logits
+on the device of the process group's backend.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ from .router.reference import (
     gather_reference,
     route_reference,
 )
-from .validation import FLOAT_DTYPES, check_topk, require_tensor, validate_moe
+from .validation import FLOAT_DTYPES, check_topk, check_weights, require_tensor, validate_moe
 
 __all__ = [
     "ExpertPlacement",
@@ -189,7 +191,8 @@ def capacity_per_peer_for(num_tokens: int, top_k: int, world_size: int, capacity
 def expert_owner_and_local_id(
     ids: torch.Tensor, world_size: int, num_global_experts: int, placement: ExpertPlacement
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Global expert ids (any int tensor) -> (owner rank, local id on that rank), both int64, same shape.
+    """Global expert ids (any int tensor) -> (owner rank, local id on that rank), both int64, same shape; (-1, -1)
+    for an id outside [0, num_global_experts) (off-rank everywhere).
 
     Pure elementwise arithmetic on the ids' device: no table, no host sync.
     """
@@ -201,15 +204,18 @@ def expert_owner_and_local_id(
         )
     placement = ExpertPlacement.parse(placement)
     ids = ids.long()
+    valid = (ids >= 0) & (ids < num_global_experts)
     if placement is ExpertPlacement.ROUND_ROBIN:
-        return ids % world_size, ids // world_size
-    base, extra = divmod(num_global_experts, world_size)
-    boundary = extra * (base + 1)  # the first `extra` ranks own base + 1 experts each
-    head = ids < boundary
-    rest = (ids - boundary).clamp(min=0)
-    owner = torch.where(head, ids // (base + 1), extra + rest // base)
-    local = torch.where(head, ids % (base + 1), rest % base)
-    return owner, local
+        owner, local = ids % world_size, ids // world_size
+    else:
+        base, extra = divmod(num_global_experts, world_size)
+        boundary = extra * (base + 1)  # the first `extra` ranks own base + 1 experts each
+        head = ids < boundary
+        rest = (ids - boundary).clamp(min=0)
+        owner = torch.where(head, ids // (base + 1), extra + rest // base)
+        local = torch.where(head, ids % (base + 1), rest % base)
+    off_rank = torch.full_like(ids, -1)
+    return torch.where(valid, owner, off_rank), torch.where(valid, local, off_rank)
 
 
 def local_expert_ids(
@@ -297,7 +303,7 @@ class EPDispatched(NamedTuple):
     top_k: int
     send_splits: list | None  # rows sent to each rank (EXACT_SPLITS), None when padded
     recv_splits: list | None  # rows received from each rank (EXACT_SPLITS), None when padded
-    num_dropped: torch.Tensor  # [] int64 on device: slots dropped by capacity (always 0 in EXACT_SPLITS)
+    num_dropped: torch.Tensor  # [] int64 on device: slots dropped by capacity (always 0 in EXACT_SPLITS; off-rank ids not counted)
     num_local_experts: int = 0  # this rank's experts (ep_config.num_local_experts): ep_expert_compute's weights
 
 
@@ -328,7 +334,8 @@ def _check_group(ep_config: ExpertParallelConfig, group) -> None:
 
 
 def send_layout_for(dest: torch.Tensor, world_size: int, capacity: int | None = None) -> Dispatch:
-    """dest [T, k] owner rank of each slot -> the send layout, a Dispatch whose "experts" are the ranks.
+    """dest [T, k] owner rank of each slot -> the send layout, a Dispatch whose "experts" are the ranks. A slot whose
+    dest is outside [0, world_size) (an off-rank expert id: -1) is sent nowhere (slot_rows -1).
 
     capacity None (EXACT_SPLITS): compact, align 1: rank d's rows are token_offsets[d] ..
     token_offsets[d+1], in slot order; max_rows = T*k. capacity C (PADDED_CAPACITY): rank d's rows start
@@ -339,24 +346,26 @@ def send_layout_for(dest: torch.Tensor, world_size: int, capacity: int | None = 
     device = dest.device
     flat = dest.reshape(-1).long()
     num_slots = flat.numel()
-    onehot = (flat.unsqueeze(1) == torch.arange(world_size, device=device)).long()  # [S, W]
-    position = torch.cumsum(onehot, 0).gather(1, flat.clamp(0, world_size - 1).unsqueeze(1)).squeeze(1) - 1
+    sent = (flat >= 0) & (flat < world_size)
+    flat = torch.where(sent, flat, torch.zeros_like(flat))  # an index for the lookups below; `sent` masks it
+    onehot = ((flat.unsqueeze(1) == torch.arange(world_size, device=device)) & sent.unsqueeze(1)).long()  # [S, W]
+    position = torch.cumsum(onehot, 0).gather(1, flat.unsqueeze(1)).squeeze(1) - 1
     counts = onehot.sum(0)
+    token_offsets = torch.zeros(world_size + 1, dtype=torch.long, device=device)
     if capacity is None:
         total, align = num_slots, 1
-        token_offsets = torch.zeros(world_size + 1, dtype=torch.long, device=device)
         token_offsets[1:] = torch.cumsum(counts, 0)
         row_offsets = token_offsets
+        keep = sent
         rows = token_offsets[flat] + position
-        keep = torch.ones_like(rows, dtype=torch.bool)
     else:
         total, align = world_size * capacity, capacity
         counts = counts.clamp(max=capacity)
-        token_offsets = torch.zeros(world_size + 1, dtype=torch.long, device=device)
         token_offsets[1:] = torch.cumsum(counts, 0)
         row_offsets = torch.arange(world_size + 1, device=device) * capacity
-        keep = position < capacity
-        rows = torch.where(keep, flat * capacity + position, torch.full_like(position, -1))
+        keep = sent & (position < capacity)
+        rows = flat * capacity + position
+    rows = torch.where(keep, rows, torch.full_like(rows, -1))
     sorted_slots = torch.full((total + 1,), -1, dtype=torch.long, device=device)
     target = torch.where(keep, rows, torch.full_like(rows, total))  # dropped slots write one spare row
     sorted_slots.index_put_((target,), torch.arange(num_slots, device=device))
@@ -413,6 +422,8 @@ def ep_dispatch(
         recv_counts = torch.empty_like(send_counts)
         _all_to_all(recv_counts, send_counts, None, None, group, world)  # counts exchanged on the device
         send_splits, recv_splits = torch.stack([send_counts, recv_counts]).tolist()  # THE host sync of the step
+        # the sent rows lead the send buffer; rows past them belong to off-rank slots, which go nowhere
+        send_rows, send_ids = send_rows[:sum(send_splits)], send_ids[:sum(send_splits)]
         num_recv = sum(recv_splits)
         recv_rows = torch.empty(num_recv, hidden.shape[1], dtype=hidden.dtype, device=device)
         recv_ids = torch.empty(num_recv, dtype=torch.int32, device=device)
@@ -422,7 +433,7 @@ def ep_dispatch(
         recv_ids = torch.empty_like(send_ids)
     _all_to_all(recv_rows, send_rows, recv_splits, send_splits, group, world)
     _all_to_all(recv_ids, send_ids, recv_splits, send_splits, group, world)
-    num_dropped = (send_layout.slot_rows < 0).sum()
+    num_dropped = ((send_layout.slot_rows < 0) & (owner.reshape(-1) >= 0)).sum()
     return EPDispatched(
         recv_rows, recv_ids, send_layout, combine_weights, num_tokens, top_k, send_splits, recv_splits, num_dropped,
         ep_config.num_local_experts,
@@ -448,19 +459,22 @@ def ep_expert_compute(
     if not isinstance(dispatched, EPDispatched):
         raise TypeError(f"dispatched: expected ep_dispatch's EPDispatched, got {type(dispatched).__name__}")
     rows, ids = dispatched.recv_rows, dispatched.recv_local_ids
-    require_tensor("w13_local", w13_local, ndim=3)
-    require_tensor("w2_local", w2_local, ndim=3)
-    num_local = w13_local.shape[0]
+    num_local, _, hidden_size, _ = check_weights(w13_local, w2_local, b13_local, b2_local,
+                                                 names=("w13_local", "w2_local", "b13_local", "b2_local"))
+    if w13_local.dtype != rows.dtype:
+        raise TypeError(f"w13_local: expected dtype {rows.dtype} (the dtype of the received rows, hidden's), got "
+                        f"{w13_local.dtype}")
+    if w13_local.device != rows.device:
+        raise ValueError(f"w13_local: expected a tensor on {rows.device} (the received rows' device), got "
+                         f"{w13_local.device}")
+    if not _is_int(align) or align < 1:
+        raise ValueError(f"align: expected an int >= 1 (rows per expert are padded to a multiple of it), got {align!r}")
     if dispatched.num_local_experts and num_local != dispatched.num_local_experts:
         raise ValueError(f"w13_local: expected this rank's {dispatched.num_local_experts} experts (ep_config), got "
                          f"shape {tuple(w13_local.shape)}")
-    hidden_size = rows.shape[1]
-    if w13_local.shape[2] != hidden_size or w13_local.shape[1] % 2:
-        raise ValueError(f"w13_local: expected [E_local, 2I, {hidden_size}] (H of the received rows), got shape "
+    if hidden_size != rows.shape[1]:
+        raise ValueError(f"w13_local: expected [E_local, 2I, {rows.shape[1]}] (H of the received rows), got shape "
                          f"{tuple(w13_local.shape)}")
-    if tuple(w2_local.shape) != (num_local, hidden_size, w13_local.shape[1] // 2):
-        raise ValueError(f"w2_local: expected shape {(num_local, hidden_size, w13_local.shape[1] // 2)} "
-                         f"([E_local, H, I] of w13_local), got {tuple(w2_local.shape)}")
     local_disp = stages.dispatch(ids.view(-1, 1), num_local, align=align)
     a1 = stages.gather(rows, local_disp, 1)
     y = stages.grouped_experts(a1, w13_local, w2_local, local_disp, activation, b13_local, b2_local)
@@ -480,14 +494,18 @@ def ep_combine(
     if not isinstance(dispatched, EPDispatched):
         raise TypeError(f"dispatched: expected ep_dispatch's EPDispatched, got {type(dispatched).__name__}")
     require_tensor("y_recv", y_recv, ndim=2, dtypes=FLOAT_DTYPES)
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {[str(d) for d in FLOAT_DTYPES]} or None, got {out_dtype!r}")
     if y_recv.shape[0] != dispatched.recv_rows.shape[0]:
         raise ValueError(f"y_recv: expected {dispatched.recv_rows.shape[0]} rows (one per received row, "
                          f"ep_expert_compute's output), got shape {tuple(y_recv.shape)}")
     world = ep_config.world_size
     send_layout = dispatched.send_layout
     y_back = torch.empty(send_layout.sorted_slots.shape[0], y_recv.shape[1], dtype=y_recv.dtype, device=y_recv.device)
-    # The return trip mirrors the first one: what was received is sent back, split for split.
-    _all_to_all(y_back, y_recv, dispatched.send_splits, dispatched.recv_splits, group, world)
+    # The return trip mirrors the first one: what was received is sent back, split for split (EXACT_SPLITS: into
+    # the leading rows; the rest belong to off-rank slots, which combine skips).
+    returned = y_back if dispatched.send_splits is None else y_back[:sum(dispatched.send_splits)]
+    _all_to_all(returned, y_recv, dispatched.send_splits, dispatched.recv_splits, group, world)
     return stages.combine(
         y_back,
         send_layout,

@@ -135,6 +135,9 @@ class GraphedMoELayer:
             top_k = layer.config.top_k
         elif isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= layer.num_global_experts:
             raise ValueError(f"top_k: expected an int in [1, {layer.num_global_experts}] (the experts), got {top_k!r}")
+        elif layer.config.top_k is not None and top_k != layer.config.top_k:
+            raise ValueError(f"top_k: the layer routes top_k={layer.config.top_k} (its routing), so topk_ids have that "
+                             f"many slots; got {top_k}")
         self.top_k = top_k
         if layer.id_check is IdCheck.CHECK:
             raise ValueError("layer: id_check=check reads topk_ids / expert_map back to the host and cannot be "

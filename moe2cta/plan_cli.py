@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan grouped GEMM configurations: budget (SMEM, TMEM, tiles, coverage), choice, rejections.",
     )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="model preset (moe2cta.presets), e.g. qwen3-30b-a3b")
+    what.add_argument("--model", help="model preset (moe2cta.presets), e.g. qwen3-30b-a3b, or custom:H,I,E,k[,ACTIVATION[,bias]]")
     what.add_argument("--gemm", type=_gemm, metavar="M,N,K", help="one dense problem")
     p.add_argument("--tokens", type=int, help="tokens in the batch (with --model)")
     p.add_argument("--counts", type=_counts, metavar="C0,C1,...", help="rows per expert (with --model)")
@@ -203,9 +203,9 @@ def _problems(args, parser):
     if args.model is not None:
         if args.tokens is None:
             parser.error("--model needs --tokens (or --buckets)")
-        from .presets import get_preset
+        from .presets import model_preset
 
-        preset = get_preset(args.model)
+        preset = model_preset(args.model)
         header = {"model": preset.name, "tokens": args.tokens, "hidden": preset.hidden,
                   "intermediate": preset.intermediate, "num_experts": preset.num_experts, "top_k": preset.top_k,
                   "activation": preset.activation.value}
@@ -267,10 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--buckets: expected MAX_ROWS >= 1 (rows per expert), got {args.buckets}")
         if args.model is None or explicit or args.tokens is not None or args.counts is not None:
             parser.error("--buckets goes with --model only (no --tokens, --counts or --tile)")
-        from .presets import get_preset
+        from .presets import model_preset
 
         try:
-            preset = get_preset(args.model)
+            preset = model_preset(args.model)
         except ValueError as exc:
             parser.error(str(exc))
         try:

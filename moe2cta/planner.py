@@ -335,6 +335,9 @@ def moe_problems(preset, tokens: int, counts: Sequence[int] | None = None,
         counts = tuple(int(c) for c in counts)
         if len(counts) != preset.num_experts:
             raise ValueError(f"counts: expected {preset.num_experts} entries (one per expert), got {len(counts)}")
+        if min(counts) < 0 or sum(counts) != rows:
+            raise ValueError(f"counts: expected rows >= 0 per expert summing to T x k = {tokens} x {preset.top_k} = "
+                             f"{rows}, got {sum(counts)} (min {min(counts)})")
         routing = f"given counts: {sum(counts)} rows over {len(counts)} experts, max {max(counts)}"
     h, i = preset.hidden, preset.intermediate
     return (

@@ -48,7 +48,9 @@ def moe_reference(
 ) -> torch.Tensor:
     """out[t] = sum_j w[t,j] * expert_{ids[t,j]}(hidden[t]) in `dtype` (fp32 default), per expert batched.
 
-    Slots whose expert maps to -1 through expert_map (or id -1) contribute zero.
+    Slots that are off-rank contribute zero, as in dispatch: an id outside [0, len(expert_map)) or a map entry
+    outside [0, E) (-1 among them), and without expert_map an id outside [0, E). int64 values past int32 are off-rank,
+    never wrapped.
     """
     activation = Activation.parse(activation)
     router_weight_on = RouterWeightOn.parse(router_weight_on)
@@ -57,7 +59,10 @@ def moe_reference(
     out = torch.zeros(num_tokens, w2.shape[1], dtype=dtype, device=hidden.device)
     ids = topk_ids.long()
     if expert_map is not None:
-        ids = torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], torch.full_like(ids, -1))
+        in_map = (ids >= 0) & (ids < expert_map.shape[0])
+        mapped = expert_map.long()[ids.clamp(min=0, max=expert_map.shape[0] - 1)]
+        ids = torch.where(in_map, mapped, torch.full_like(ids, -1))
+    ids = torch.where((ids >= 0) & (ids < w13.shape[0]), ids, torch.full_like(ids, -1))
     weights = topk_weights.to(dtype)
     with fp32_matmuls():
         _per_slot(out, x, w13, w2, weights, ids, activation, b13, b2, router_weight_on, dtype)

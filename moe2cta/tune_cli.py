@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -217,13 +218,16 @@ def main(argv=None) -> int:
         parser.error(f"--top: expected >= 1, got {args.top}")
     start = time.time()
     try:
-        # output paths first: a bad one must not cost the compiles or the GPU timing before it
+        # the model and the output paths first: a bad one must not cost the compiles or the GPU timing before it
+        model_preset(args.model)
         if args.command == "build":
             output_dir(args.out, "--out")
         else:
-            for name in ("json", "cache"):
-                if getattr(args, name) is not None:
-                    output_file(getattr(args, name), f"--{name}")
+            if args.json is not None:
+                output_file(args.json, "--json")
+            cache_source = "--cache" if args.cache is not None else (
+                "$MOE2CTA_TUNING_CACHE" if os.environ.get("MOE2CTA_TUNING_CACHE") else "the default tuning cache")
+            output_file(tuning.default_cache_path(args.cache), cache_source)
         if args.command == "build":
             paths = build(args.model, args.arch, args.out, tuple(args.buckets), args.top)
             print(f"{len(paths)} kernels in {time.time() - start:.1f} s -> {args.out}")

@@ -204,17 +204,23 @@ def default_cache_path(path: str | os.PathLike | None = None) -> pathlib.Path:
 
 
 class TuningCache:
-    """The whole tuning file in memory; `save()` writes it back atomically."""
+    """The whole tuning file in memory; `save()` writes it back atomically, merged over what the file holds by then
+    (entries another process saved meanwhile are kept; this cache's win where both hold a key)."""
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = default_cache_path(path)
         self.entries: dict[str, TuningEntry] = {}
+        self._put_keys: set[str] = set()  # the keys put() since the load: what save() writes over the file's
         self.version = 0  # bumped by put(): memoized lookups (kernel_configs_for_layer) see the change
         self._layer_memo: dict = {}
         if self.path.exists():
             self._load()
 
     def _load(self) -> None:
+        self.entries.update(self._read_entries())
+
+    def _read_entries(self) -> dict[str, TuningEntry]:
+        """The entries of the file at self.path, checked (ValueError naming the file and the entry otherwise)."""
         try:
             data = json.loads(self.path.read_bytes().decode("utf-8"))
         except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError and UnicodeDecodeError
@@ -224,6 +230,7 @@ class TuningCache:
         if data.get("version") != VERSION:
             raise ValueError(f"tuning cache {self.path}: version {data.get('version')!r}, expected {VERSION}")
         entries = data.get("entries", {})
+        parsed_entries = {}
         if not isinstance(entries, dict):
             raise ValueError(f"tuning cache {self.path}: 'entries' is a {type(entries).__name__}, expected an object "
                              "of key -> entry")
@@ -236,7 +243,8 @@ class TuningCache:
                 raise ValueError(f"tuning cache {self.path}: entry {key_str!r}: {exc}") from None
             if parsed.key.to_str() != key_str:
                 raise ValueError(f"tuning cache {self.path}: entry {key_str!r} holds key {parsed.key.to_str()!r}")
-            self.entries[key_str] = parsed
+            parsed_entries[key_str] = parsed
+        return parsed_entries
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -246,6 +254,7 @@ class TuningCache:
 
     def put(self, entry: TuningEntry) -> None:
         self.entries[entry.key.to_str()] = entry
+        self._put_keys.add(entry.key.to_str())
         self.version += 1
 
     def to_json(self) -> dict:
@@ -256,17 +265,32 @@ class TuningCache:
         }
 
     def save(self) -> pathlib.Path:
+        """Write the file: under an exclusive lock (`<path>.lock`), the file's entries as they are now, with this
+        cache's put() entries over them, replace it atomically (mode 0644, or the old file's). Two tuning runs that
+        share a file keep each other's entries; afterwards this cache holds the merged set."""
+        import fcntl
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_json(), f, indent=1)
-                f.write("\n")
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with open(str(self.path) + ".lock", "a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            merged = self._read_entries() if self.path.exists() else {}
+            merged.update({key: self.entries[key] for key in self._put_keys})
+            for key, entry in self.entries.items():  # loaded here and not in the file any more: kept
+                merged.setdefault(key, entry)
+            self.entries = merged
+            self.version += 1  # entries another process saved are new here: memoized lookups see them
+            mode = self.path.stat().st_mode & 0o777 if self.path.exists() else 0o644
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(self.to_json(), f, indent=1)
+                    f.write("\n")
+                os.chmod(tmp, mode)
+                os.replace(tmp, self.path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
         return self.path
 
 

@@ -302,6 +302,8 @@ def validate_moe(
 def output_dir(path: str | os.PathLike, argument: str) -> pathlib.Path:
     """A directory a command will write into, made now (parents too) and checked writable: a bad path fails before
     the work that would write there, with a ValueError naming `argument`."""
+    if not os.fspath(path):  # pathlib would read "" as the current directory
+        raise ValueError(f"{argument}: expected a directory path, got an empty one")
     path = pathlib.Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -315,6 +317,8 @@ def output_dir(path: str | os.PathLike, argument: str) -> pathlib.Path:
 def output_file(path: str | os.PathLike, argument: str) -> pathlib.Path:
     """A file a command will write (or append to) later, checked now: not a directory, its directory made and
     writable, the file itself writable if it exists. ValueError naming `argument`."""
+    if not os.fspath(path):
+        raise ValueError(f"{argument}: expected a file path, got an empty one")
     path = pathlib.Path(path)
     if path.is_dir():
         raise ValueError(f"{argument}: {path} is a directory, expected a file path")

@@ -146,3 +146,31 @@ def test_moe_config_names_a_tile_heights_that_is_no_tuple():
     for bad in (128, None, "128"):
         with pytest.raises(TypeError, match="tile_heights: expected a tuple of ints >= 1"):
             MoEConfig(None, tile_heights=bad)
+
+
+def test_tools_refuse_empty_paths_and_check_the_cache_variable_first(tmp_path, a_file, capsys, monkeypatch):
+    """An empty --out is not the current directory; `tune run` checks the tuning cache it will write, named by the
+    variable it came from, before any timing; `tune build` makes no --out for a model it does not know."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="^--out: expected a directory path, got an empty one"):
+        output_dir("", "--out")
+    with pytest.raises(ValueError, match="^--json: expected a file path, got an empty one"):
+        output_file("", "--json")
+    err = _exits(tune_cli.main, ["build", "--model", "qwen3-30b-a3b", "--arch", "sm_90a", "--out", "", "--buckets",
+                                 "1"], capsys)
+    assert "--out: expected a directory path" in err and [p.name for p in tmp_path.iterdir()] == ["a_file"]
+    monkeypatch.setenv("MOE2CTA_TUNING_CACHE", str(a_file / "tuning.json"))
+    err = _exits(tune_cli.main, ["run", "--model", "qwen3-30b-a3b", "--arch", "sm_90a"], capsys)
+    assert "$MOE2CTA_TUNING_CACHE: cannot make the directory" in err
+    err = _exits(tune_cli.main, ["build", "--model", "nope", "--arch", "sm_90a", "--out", str(tmp_path / "never")],
+                 capsys)
+    assert "model: expected one of" in err and not (tmp_path / "never").exists()
+
+
+def test_plan_takes_custom_models_and_checks_given_counts(capsys):
+    assert plan_cli.main(["--model", "custom:1024,512,16,2", "--tokens", "64", "--arch", "sm_90a"]) == 0
+    assert "model=custom-1024-512-16-2" in capsys.readouterr().out
+    assert plan_cli.main(["--model", "custom:1024,512,16,2", "--buckets", "8", "--arch", "sm_90a"]) == 0
+    counts = ",".join(["1"] * 128)  # 128 rows, where 10 tokens x top-8 route 80
+    err = _exits(plan_cli.main, ["--model", "qwen3-30b-a3b", "--tokens", "10", "--counts", counts], capsys)
+    assert "counts: expected rows >= 0 per expert summing to T x k = 10 x 8 = 80, got 128" in err

@@ -166,6 +166,25 @@ def _check_phases_report_drops(rank: int, world: int, device: str, group=None) -
     assert (out.double() - exact).abs().max().item() < 1e-5
 
 
+def _check_off_rank_ids(rank: int, world: int, device: str, group=None) -> None:
+    """The phase API with ids no rank owns (-1, E, past int32) in both modes: those slots go nowhere and add zero, as
+    in the single-device dispatch; num_dropped does not count them."""
+    case = Case("off-rank", (5,) * world, seed=14)
+    hidden_all, w13, w2, logits_all = (t.to(device) for t in _make_data(case)[:4])
+    hidden = hidden_all[5 * rank : 5 * rank + 5]
+    weights, ids = route_reference(logits_all[5 * rank : 5 * rank + 5], case.routing)
+    ids = ids.long()
+    ids[0, 0], ids[2, 1], ids[4, 0] = -1, case.num_experts, 2**40
+    exact = moe_reference(hidden, w13, w2, weights, torch.where(ids.ge(case.num_experts), -1, ids), dtype=torch.float64)
+    for mode in A2AMode:
+        cfg = ExpertParallelConfig(world, rank, case.num_experts, a2a_mode=mode)
+        sent = ep_dispatch(hidden, weights, ids, cfg, group)
+        assert int(sent.num_dropped) == 0, mode
+        y = ep_expert_compute(sent, shard_experts(w13, cfg), shard_experts(w2, cfg))
+        out = ep_combine(y, sent, cfg, group)
+        assert (out.double() - exact).abs().max().item() < 1e-5, mode
+
+
 def _check_group_mismatch(rank: int, world: int, group=None) -> None:
     wrong = ExpertParallelConfig(world, (rank + 1) % world, 8)
     h = torch.randn(3, 32)
@@ -195,6 +214,7 @@ def _worker(rank: int, world: int, port: int, cases_by_world: dict, backend: str
             for case in cases_by_world.get(size, []):
                 _check_case(group_rank, dataclasses.replace(case, seed=case.seed + 100 * variant), device, group)
             _check_phases_report_drops(group_rank, size, device, group)
+            _check_off_rank_ids(group_rank, size, device, group)
             _check_group_mismatch(group_rank, size, group)
         dist.barrier()
     finally:
@@ -306,6 +326,10 @@ def test_single_rank_equals_single_device(mode):
 def test_single_rank_capacity_drop():
     case = Case("one-rank-drop", (9,), a2a_mode=A2AMode.PADDED_CAPACITY, capacity_per_peer=5)
     _check_case(0, case)
+
+
+def test_single_rank_off_rank_ids():
+    _check_off_rank_ids(0, 1, "cpu")
 
 
 def test_config_and_input_errors():
@@ -436,9 +460,19 @@ def test_phase_functions_check_their_inputs():
         ep_expert_compute(dispatched, w13[:2], w2[:2])
     with pytest.raises(ValueError, match="w2_local: expected shape"):
         ep_expert_compute(dispatched, w13, w2[:, :, :4])
+    with pytest.raises(TypeError, match="w13_local: expected dtype torch.float32 \\(the dtype of the received rows"):
+        ep_expert_compute(dispatched, w13.half(), w2.half())
+    with pytest.raises(TypeError, match="w13_local: expected dtype in"):
+        ep_expert_compute(dispatched, w13.int(), w2.int())
+    with pytest.raises(ValueError, match="b13_local: expected shape"):
+        ep_expert_compute(dispatched, w13, w2, b13_local=torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="align: expected an int >= 1"):
+        ep_expert_compute(dispatched, w13, w2, align=0)
     y = ep_expert_compute(dispatched, w13, w2)
     with pytest.raises(ValueError, match="y_recv: expected 8 rows"):
         ep_combine(y[:5], dispatched, cfg)
+    with pytest.raises(TypeError, match="out_dtype: expected one of"):
+        ep_combine(y, dispatched, cfg, out_dtype=torch.int32)
     out = ep_combine(y, dispatched, cfg)
     want = moe_reference(hidden, w13, w2, weights, ids, dtype=torch.float64)
     assert (out.double() - want).abs().max() <= 1e-4 * want.abs().max()

@@ -68,6 +68,8 @@ def test_arguments_are_named_in_errors():
         GraphedMoELayer(moe, [1], top_k=2)
     with pytest.raises(ValueError, match="top_k: expected an int in"):
         GraphedMoELayer(moe, [1], inputs="topk", top_k=9)
+    with pytest.raises(ValueError, match="top_k: the layer routes top_k=2"):  # its calls would take 2 slots
+        GraphedMoELayer(moe, [1], inputs="topk", top_k=3)
     layer = make(4, 64, 32, 8)
     no_routing = MoELayer(layer["w13"], layer["w2"], routing=None, backend="torch")
     with pytest.raises(ValueError, match="inputs: router_logits needs a layer built with a routing"):

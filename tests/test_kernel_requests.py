@@ -8,7 +8,9 @@ sm_90a kernel (needs nvidia-cutlass-dsl) and refuses files it cannot build from,
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -140,7 +142,20 @@ def test_aot_build_requests_compiles_exactly_the_recorded_kernels(tmp_path):
     manifest = rt.read_manifest(out)
     assert set(manifest) == {s90.kernel_key(c, SMALL_PROBLEM).file_stem() for c in (SMALL_CONFIG, other)}
     for entry in manifest.values():
-        assert (out / entry["library"]).exists()
+        library = (out / entry["library"]).read_bytes()
+        assert entry["library_bytes"] == len(library)
+        assert entry["library_sha256"] == hashlib.sha256(library).hexdigest()
+    if not rt.tvm_ffi_available():
+        return
+    # a fresh process without LD_LIBRARY_PATH (as a deployment that never imports the DSL) opens every library
+    code = ("import json, sys\nfrom moe2cta.grouped_gemm import cute_runtime as rt\n"
+            "for stem, entry in rt.read_manifest(sys.argv[1]).items():\n"
+            "    print(rt.load_kernel(rt.KernelKey.from_json(entry['key']), sys.argv[1]))\n"
+            "print('cutlass' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    loaded = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, env=env, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.count("LoadedKernel(") == 2 and loaded.stdout.split()[-1] == "False"
 
 
 @pytest.mark.parametrize("model", sorted(PRESETS))
@@ -468,3 +483,113 @@ def test_a_request_its_dataclasses_refuse_is_named_by_number():
         bad = good | {part: good[part] | {field: value}}
         with pytest.raises(ValueError, match=f"^requests\\[2\\]: (Sm90\\w+\\.)?{field}: expected (an )?int"):
             rt.requested_kernels([good, bad], s90.FAMILY, s90.Sm90GemmConfig, s90.Sm90Problem, s90.can_implement)
+
+
+# ---------------------------------------------------------------------------------------------- bundle files
+def test_a_library_changed_since_its_build_is_refused_before_it_is_opened(tmp_path):
+    """export_kernel records each library's size and sha256. The loader maps a library, so a truncated one kills the
+    process (SIGBUS) when its missing part is read: load_kernel and `aot check` compare before anything opens it."""
+    library = tmp_path / f"{_key().file_stem()}.so"
+    built = bytes(range(256)) * 4
+    library.write_bytes(built)
+    _stamp(tmp_path)
+    entry = rt.read_manifest(tmp_path)[_key().file_stem()]
+    assert rt.library_problem(library, entry) is None  # a bundle from before the record: not checked
+    entry |= {"library_bytes": len(built), "library_sha256": hashlib.sha256(built).hexdigest()}
+    rt._write_manifest_entry(tmp_path, _key().file_stem(), entry)
+    assert rt.library_problem(library, entry) is None and aot.check_bundle(str(tmp_path)) == (1, [])
+    for content, message in ((built[:500], "holds 500 bytes where its manifest entry recorded 1024"),
+                             (b"", "holds 0 bytes where"),
+                             (built[::-1], "its sha256 differs")):
+        library.write_bytes(content)
+        with pytest.raises(rt.BundleKernelError, match=f"is not loaded: (it )?{message}.*aot build --model MODEL"):
+            rt.load_kernel(_key(), tmp_path)
+        usable, problems = aot.check_bundle(str(tmp_path))
+        assert usable == 0 and len(problems) == 1 and message in problems[0]
+
+
+def test_a_missing_dependency_of_a_library_is_named_not_called_corruption():
+    path = pathlib.Path("/bundle/kernel.so")
+    missing = RuntimeError("Check failed: (lib_handle_ != nullptr) is false: Failed to load dynamic shared library "
+                           "/bundle/kernel.so libcute_dsl_runtime.so: cannot open shared object file: No such file")
+    said = rt._load_failure(missing, path)
+    assert said.startswith("the dynamic loader does not find libcute_dsl_runtime.so") and "corrupt" not in said
+    assert "corrupt, truncated" in rt._load_failure(RuntimeError("kernel.so: invalid ELF header"), path)
+
+
+def test_the_runtime_library_is_found_without_ld_library_path_or_named():
+    """Bundle libraries need libcute_dsl_runtime.so by name, with no path: load_cute_dsl_runtime takes it from the
+    loader's path, else from an installed nvidia-cutlass-dsl-libs package, else says what to install (fresh
+    processes: a loaded library stays loaded)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    code = ("from moe2cta.grouped_gemm import cute_runtime as rt\n{patch}"
+            "print(repr(rt.load_cute_dsl_runtime()))")
+    without = subprocess.run([sys.executable, "-c", code.format(patch="rt._packaged_runtime_libraries = lambda: []\n")],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert without.returncode == 0, without.stderr
+    assert "libcute_dsl_runtime.so, which every bundle library needs, is neither on the dynamic loader" in without.stdout
+    if not rt._packaged_runtime_libraries():
+        pytest.skip("no nvidia-cutlass-dsl-libs package here")
+    found = subprocess.run([sys.executable, "-c", code.format(patch="")], capture_output=True, text=True, env=env,
+                           timeout=120)
+    assert found.returncode == 0 and found.stdout.strip() == "None", found.stdout + found.stderr
+
+
+def test_manifest_and_requests_files_that_cannot_be_read_are_named(tmp_path):
+    (tmp_path / rt.MANIFEST_NAME).mkdir()
+    with pytest.raises(ValueError, match=f"{tmp_path / rt.MANIFEST_NAME}: not a bundle manifest"):
+        rt.read_manifest(tmp_path)
+    (tmp_path / rt.MANIFEST_NAME).rmdir()
+    (tmp_path / rt.MANIFEST_NAME).write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match="manifest.json: not a bundle manifest .*utf-8"):
+        rt.read_manifest(tmp_path)
+    (tmp_path / f"{_key().file_stem()}.so").write_bytes(b"library")
+    with pytest.raises(rt.BundleKernelError, match="its manifest cannot be read"):  # not a bare UnicodeDecodeError
+        rt.load_kernel(_key(), tmp_path)
+    binary = tmp_path / "r.jsonl"
+    binary.write_bytes(b"\xff\n")
+    with pytest.raises(ValueError, match="r.jsonl: not a requests file"):
+        rt.read_requests(binary)
+    with pytest.raises(ValueError, match="requests file .* is a directory"):
+        rt.record_request(tmp_path, _key(), s90.kernel_request(SMALL_CONFIG, SMALL_PROBLEM))
+    assert not (tmp_path.parent / f"{tmp_path.name}.lock").exists()
+
+
+def test_a_request_appended_to_a_file_without_its_last_newline_is_a_line_of_its_own(tmp_path):
+    requests = tmp_path / "r.jsonl"
+    other = s90.kernel_key(dataclasses.replace(SMALL_CONFIG, stages=3), SMALL_PROBLEM)
+    rt.record_request(requests, _key(), s90.kernel_request(SMALL_CONFIG, SMALL_PROBLEM))
+    requests.write_text(requests.read_text().rstrip("\n"))  # as an editor may save it
+    assert rt.record_request(requests, other, s90.kernel_request(dataclasses.replace(SMALL_CONFIG, stages=3),
+                                                                 SMALL_PROBLEM))
+    assert [entry["stem"] for entry in rt.read_requests(requests)] == [_key().file_stem(), other.file_stem()]
+
+
+def test_aot_build_checks_what_it_would_write_into_before_compiling(tmp_path, capsys, monkeypatch):
+    requests = tmp_path / "r.jsonl"
+    rt.record_request(requests, _key(), s90.kernel_request(SMALL_CONFIG, SMALL_PROBLEM))
+    monkeypatch.chdir(tmp_path)
+    assert aot.main(["build", "--requests", str(requests), "--arch", "sm_90a", "--out", ""]) == 2
+    assert "--out: expected a directory path, got an empty one" in capsys.readouterr().err
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / rt.MANIFEST_NAME).write_text('{"x": ')
+    assert aot.main(["build", "--requests", str(requests), "--arch", "sm_90a", "--out", str(corrupt)]) == 2
+    assert "manifest.json: not a bundle manifest" in capsys.readouterr().err
+    assert not list(corrupt.glob("*.so"))  # refused before any compile
+    refused = tmp_path / "refused.jsonl"
+    entry = rt.read_requests(requests)[0]
+    entry["request"]["config"]["stages"] = "six"
+    refused.write_text(json.dumps(entry) + "\n")
+    assert aot.main(["build", "--requests", str(refused), "--arch", "sm_90a", "--out", str(tmp_path / "never")]) == 2
+    assert "requests[1]: Sm90GemmConfig.stages: expected int" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
+def test_requests_from_a_bundle_name_an_entry_without_a_key(tmp_path):
+    _stamp(tmp_path)
+    manifest = rt.read_manifest(tmp_path)
+    manifest[_key().file_stem()]["key"]["n"] = "wide"
+    (tmp_path / rt.MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=f"from_bundle: {_key().file_stem()}: its manifest entry holds no kernel key"):
+        aot.bundle_requests(str(tmp_path), str(tmp_path / "r.jsonl"))

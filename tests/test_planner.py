@@ -190,6 +190,9 @@ def test_given_counts_and_bad_input():
     assert b.computed_rows == 256 and b.useful_rows == 128
     with pytest.raises(ValueError, match="counts"):
         planner.moe_problems(preset, 64, [1, 2])
+    for wrong in ([100, 0, 0, 0, 0, 0, 0, 27], [129, 0, 0, 0, 0, 0, 0, -1]):  # 127 rows; a negative count
+        with pytest.raises(ValueError, match="counts: expected rows >= 0 per expert summing to T x k = 64 x 2 = 128"):
+            planner.moe_problems(preset, 64, wrong)
     with pytest.raises(ValueError, match="tokens"):
         planner.moe_problems(preset, -1)
     with pytest.raises(TypeError, match="unit"):

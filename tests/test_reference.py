@@ -402,6 +402,26 @@ def test_forward_expert_map_slots_off_rank_add_zero():
     assert rel_err(out + out_rest, full) < 1e-5
 
 
+def test_both_references_read_off_rank_ids_as_dispatch_does():
+    """An id outside [0, len(expert_map)) or [0, E), a map entry outside [0, E) and an int64 value past int32 are
+    off-rank (docs/design.md): the slot adds zero in moe_reference as in moe_forward_reference (dispatch), no
+    IndexError and no wrap."""
+    x, w13, w2, _, _ = make_layer(4, 16, 8, 4, seed=21)
+    weights = torch.rand(4, 2, generator=torch.Generator().manual_seed(22))
+    ids = torch.tensor([[1, 2**32 + 1], [0, 3], [7, 2], [-1, 2**40]], dtype=torch.int64)
+    expert_map = torch.tensor([0, 1, 2**32 + 3, 3, -1, 5, 2], dtype=torch.int64)  # 7 global ids, 4 local experts
+    for emap in (None, expert_map):
+        on_rank = []  # the local expert of each slot, -1 off-rank
+        for i in ids.reshape(-1).tolist():
+            local = i if emap is None else (int(emap[i]) if 0 <= i < emap.shape[0] else -1)
+            on_rank.append(local if 0 <= local < 4 else -1)
+        want = moe_loop(x, w13, w2, weights, torch.tensor(on_rank).reshape(4, 2))
+        got = moe_reference(x, w13, w2, weights, ids, expert_map=emap)
+        assert torch.equal(got, moe_forward_reference(x, w13, w2, None, None, topk_weights=weights, topk_ids=ids,
+                                                      expert_map=emap))
+        assert rel_err(got, want) < 1e-6
+
+
 def test_forward_all_tokens_one_expert_and_zero_token_experts():
     x, w13, w2, _, _ = make_layer(16, 16, 8, 8, seed=13)
     logits = torch.full((16, 8), -5.0)

@@ -410,6 +410,30 @@ def test_a_corrupt_tuning_cache_names_the_file_and_the_entry(tmp_path):
             tuning.TuningCache(path)
 
 
+def test_two_runs_saving_one_cache_keep_each_others_entries(tmp_path):
+    """Two tuning runs (two models, or two GPUs' processes) that load one file and save it in turn: the second save
+    merges over what the first wrote instead of replacing it; its own entries win where both tuned a key."""
+    path = tmp_path / "tuning.json"
+
+    def entry(n, seconds):
+        key = tuning.TuningKey("NVIDIA H200", "bfloat16", 8, n, 1024, "swiglu", 64)
+        return tuning.TuningEntry(key, planner.make_candidate("sm_90a", "single", 128, 128, 64, 4), seconds)
+
+    first, second = tuning.TuningCache(path), tuning.TuningCache(path)  # both loaded the (absent) file
+    first.put(entry(1024, 1e-4))
+    first.put(entry(2048, 2e-4))
+    second.put(entry(2048, 3e-4))
+    second.put(entry(4096, 4e-4))
+    first.save()
+    version = second.version
+    second.save()
+    saved = tuning.TuningCache(path)
+    assert sorted(e.key.n for e in saved.entries.values()) == [1024, 2048, 4096]
+    assert {e.key.n: e.seconds for e in saved.entries.values()}[2048] == 3e-4
+    assert len(second) == 3 and second.version > version  # memoized lookups see the merged entries
+    assert path.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+
+
 @needs_family
 def test_another_familys_entry_is_not_served(tmp_path):
     """An entry whose candidate is an sm_100a configuration (a merged or hand-edited file) in an sm_90a lookup: the
