@@ -648,7 +648,7 @@ def _forward_cute(layer: "MoELayer", hidden, topk_weights, topk_ids, disp):
     if plan.token_rows_cfg is not None:
         # GEMM1 reads the token rows itself (ASource.TOKEN_ROWS): no gather launch; one small launch writes GEMM2's
         # row scale (the gather's other output)
-        router.scatter_row_weights(topk_weights, disp, row_scale, backend=_triton_router_backend())
+        router.scatter_row_weights(topk_weights, disp, row_scale, backend=_triton_router_backend(), top_k=top_k)
         a2 = gemm1(hidden.contiguous(), prepared["packed_w13"], disp.row_offsets, disp.counts, config.activation,
                    b13=prepared["b13"], config=plan.token_rows_cfg, a_rows=disp.sorted_slots, rows_per_token=top_k)
     else:

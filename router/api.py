@@ -483,7 +483,7 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
         out = torch.empty(max_rows, hidden_size, dtype=hidden.dtype, device=hidden.device)
     num_slots = num_tokens * top_k
     if num_slots and hidden_size == 0 and slot_weights is not None:  # no row to copy; the row weights still
-        scatter_row_weights(slot_weights, disp, row_weights_out, RouterBackend.TRITON)
+        scatter_row_weights(slot_weights, disp, row_weights_out, RouterBackend.TRITON, top_k=top_k)
     if num_slots == 0 or hidden_size == 0:
         return out
     block_h, num_warps = permute.permute_launch_params(hidden_size, hidden.element_size())
@@ -507,15 +507,19 @@ def gather(hidden: torch.Tensor, disp: Dispatch, top_k: int, scale: torch.Tensor
 
 
 def scatter_row_weights(slot_weights: torch.Tensor, disp: Dispatch, out: torch.Tensor,
-                        backend: RouterBackend | str = RouterBackend.AUTO) -> torch.Tensor:
+                        backend: RouterBackend | str = RouterBackend.AUTO, *, top_k: int | None = None) -> torch.Tensor:
     """out[slot_rows[s]] = slot_weights.flat[s] for every slot on this rank: the router weight of each row in expert
     order (GEMM2's row scale) where no gather launch writes it (a GEMM1 that reads the token rows itself). Padding
     rows of `out` are left as they are. slot_weights [T, k] (any float dtype, read as fp32), out a contiguous fp32
-    [max_rows]."""
+    [max_rows]. A dispatch holds T*k, not T and k: pass top_k and a [k, T] tensor (transposed) is refused too."""
     _check_dispatch(disp)
     _check_tensor("slot_weights", slot_weights, 2, _WEIGHT_DTYPES)
     if slot_weights.numel() != disp.slot_rows.numel():
         raise ValueError(f"slot_weights: expected T*k = {disp.slot_rows.numel()} weights, got {tuple(slot_weights.shape)}")
+    if top_k is not None:
+        _check_count("top_k", top_k, 1)
+        if slot_weights.shape[1] != top_k:
+            raise ValueError(f"slot_weights: expected shape [T, {top_k}] (top_k columns), got {tuple(slot_weights.shape)}")
     _check_tensor("out", out, 1, (torch.float32,))
     max_rows = disp.sorted_slots.numel()
     if out.shape[0] != max_rows or not out.is_contiguous():

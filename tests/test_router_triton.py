@@ -294,6 +294,9 @@ def test_scatter_row_weights_is_the_gathers_row_weights(backend):
         assert torch.equal(got_w[~valid], torch.full_like(got_w[~valid], -7.0))
     with pytest.raises(ValueError, match="slot_weights"):
         scatter_row_weights(weights[:-1], disp, got, backend=backend)
+    assert scatter_row_weights(weights, disp, got.to(DEVICE), backend=backend, top_k=top_k) is not None
+    with pytest.raises(ValueError, match=r"slot_weights: expected shape \[T, 4\] \(top_k columns\), got \(4, 300\)"):
+        scatter_row_weights(weights.t().contiguous(), disp, got.to(DEVICE), backend=backend, top_k=top_k)
 
 
 @pytest.mark.parametrize("dtype,out_dtype,with_weights", [(torch.float16, None, True), (torch.float32, None, False),
