@@ -257,22 +257,42 @@ def default_config(problem: GroupedGemmProblem) -> TritonGemmConfig:
         dynamic = rows_per_active <= 64 or problem.num_experts <= DYNAMIC_MAX_EXPERTS
         config = TritonGemmConfig(block_m, block_n, 64, 8, 4, group_m=8, programs_per_sm=1, tile_load=tma,
                                   scheduler=TileScheduler.DYNAMIC if dynamic else TileScheduler.STATIC)
-    if config.tile_load is TileLoad.TMA and not can_implement(config, problem)[0]:
-        config = dataclasses.replace(config, tile_load=TileLoad.POINTER)
-    # Shrink stages (then block_k) until it fits the device's shared memory.
+    fitted = _fit_to_device(config, problem)
+    if config.tile_load is TileLoad.TMA and not can_implement(fitted, problem)[0]:
+        fitted = _fit_to_device(dataclasses.replace(config, tile_load=TileLoad.POINTER), problem)
+    ok, why = can_implement(fitted, problem)
+    if not ok:
+        raise ValueError(_named_reason(why) or f"tile_heights: no default config fits block_m {fitted.block_m} of "
+                         f"{problem.tile_heights} ({why})")
+    return fitted
+
+
+def _named_reason(why: str) -> str | None:
+    """can_implement's reason where it is a fact of the problem that no config changes and names its argument
+    (w13_layout's chunked order needs I a multiple of 8): the error to raise as it is, else None."""
+    return why if why.startswith("w13_layout") else None
+
+
+def require_distinct_rows(out: torch.Tensor) -> None:
+    """ValueError unless the rows of a 2-D `out` with unit column stride lie in memory of their own (row stride at
+    least the row length): programs writing rows that share memory would overwrite each other's results."""
+    if out.dim() == 2 and out.shape[0] > 1 and out.shape[1] > 0 and out.stride(0) < out.shape[1]:
+        raise ValueError(f"out: expected rows of their own memory (row stride >= {out.shape[1]} columns), got strides "
+                         f"{tuple(out.stride())}")
+
+
+def _fit_to_device(config: TritonGemmConfig, problem: GroupedGemmProblem) -> TritonGemmConfig:
+    """`config` shrunk until can_implement accepts it: stages, then block_k (shared memory), then block_n and more
+    warps (the registers of a tall block_m from custom tile heights). TMA is kept: default_config falls back to
+    pointer loads only where the shrunk TMA config still does not fit (K's alignment, the box limit)."""
     while not can_implement(config, problem)[0] and config.num_stages > 2:
         config = dataclasses.replace(config, num_stages=config.num_stages - 1)
     while not can_implement(config, problem)[0] and config.block_k > 32:
         config = dataclasses.replace(config, block_k=config.block_k // 2)
-    # a tall block_m from custom tile heights (256 rows): narrower N tiles, then more warps, for the registers
     while not can_implement(config, problem)[0] and config.block_n > 32:
         config = dataclasses.replace(config, block_n=config.block_n // 2)
     while not can_implement(config, problem)[0] and config.num_warps < 8:
         config = dataclasses.replace(config, num_warps=config.num_warps * 2)
-    ok, why = can_implement(config, problem)
-    if not ok:
-        raise ValueError(f"tile_heights: no default config fits block_m {config.block_m} of {problem.tile_heights} "
-                         f"({why})")
     return config
 
 
@@ -641,6 +661,7 @@ def _launch(
         if out.shape != (max_rows, n_dim) or out.dtype != a.dtype or out.device != device:
             raise ValueError(f"out: expected {a.dtype} [{max_rows}, {n_dim}] on {device}, got "
                              f"{out.dtype} {list(out.shape)} on {out.device}")
+        require_distinct_rows(out)
         require_own_memory(out, a=a, **{w_name: w, "row_offsets": row_offsets, "counts": counts,
                                         "tile_offsets": tile_offsets, b_name: bias, "row_scale": row_scale,
                                         "a_rows": a_rows})
@@ -665,7 +686,7 @@ def _launch(
     ok, reason = (_memoized_can_implement(config, problem) if isinstance(config, TritonGemmConfig)
                   else can_implement(config, problem))
     if not ok:
-        raise ValueError(f"config: {reason}")
+        raise ValueError(_named_reason(reason) or f"config: {reason}")
     if max_rows == 0:
         return out
 

@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from .epilogue import GATE_UP_CHUNK, Activation, GemmStage, W13Layout
+from .operands import require_own_memory
 from .triton_grouped_gemm import (
     _ACTIVATION_CODE,
     _SUPPORTED_DTYPES,
@@ -57,6 +58,8 @@ from .triton_grouped_gemm import (
     _dependent_launch_supported,
     _interpreting,
     _limits_for,
+    _named_reason,
+    require_distinct_rows,
 )
 
 # router weights are read in their own dtype and widened to fp32 on load (a caller's bf16 weights need no launch)
@@ -179,7 +182,7 @@ def can_implement(config: TokenGemvConfig, problem: TokenGemvProblem) -> tuple[b
         return False, f"block_j {config.block_j} < top_k {problem.top_k}: GEMV2 sums all slots of a token in one program"
     if problem.chunked:
         if problem.n % GATE_UP_CHUNK:
-            return False, f"W13Layout.CHUNKED needs I % {GATE_UP_CHUNK} == 0, got I = {problem.n}"
+            return False, f"w13_layout chunked needs the intermediate size ({problem.n}) a multiple of {GATE_UP_CHUNK}"
         if config.block_n % GATE_UP_CHUNK:
             return False, f"W13Layout.CHUNKED needs block_n % {GATE_UP_CHUNK} == 0, got {config.block_n}"
     limit = _TILE_ELEMENTS_PER_WARP * config.num_warps
@@ -451,13 +454,16 @@ def _launch(stage: GemmStage, x, topk_ids, w, activation, bias, topk_weights, ex
         if tuple(out.shape) != out_shape or out.stride(1) != 1:
             raise ValueError(f"out: expected {out_dtype} {list(out_shape)} with unit column stride, got "
                              f"{out.dtype} {list(out.shape)}")
+        require_distinct_rows(out)
+        require_own_memory(out, **{x_name: x, w_name: w, b_name: bias, "topk_ids": topk_ids,
+                                   "topk_weights": topk_weights, "expert_map": expert_map})
     num_sms, _ = _limits_for(device)
     problem = TokenGemvProblem(stage, num_tokens, top_k, n_dim, k_dim, x.dtype, num_sms, w13_layout)
     if config is not None and not isinstance(config, TokenGemvConfig):
         raise TypeError(f"config: expected a TokenGemvConfig or None, got {type(config).__name__}")
     config, reason = _checked_config(problem, config)
     if reason:
-        raise ValueError(f"config: {reason}")
+        raise ValueError(_named_reason(reason) or f"config: {reason}")
     if num_tokens == 0 or n_dim == 0:
         return out
     groups = -(-top_k // config.block_j)

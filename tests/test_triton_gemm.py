@@ -381,6 +381,23 @@ def test_can_implement_and_argument_errors():
     scale = torch.rand(a.shape[0] * 17 - 1)
     with pytest.raises(ValueError, match="overlaps row_scale"):
         triton_grouped_gemm2(a, w2, *args, row_scale=scale[: a.shape[0]], out=scale[a.shape[0] - 1:].view(a.shape[0], 16))
+    with pytest.raises(ValueError, match="^out: expected rows of their own memory"):  # rows sharing memory
+        triton_grouped_gemm2(a, w2, *args, out=torch.zeros(1, 16).expand(a.shape[0], 16))
+    w13_odd = torch.randn(4, 24, 32)  # I = 12: no chunked order; the error names the layout, not a config
+    for config in (None, TritonGemmConfig(block_m=16)):
+        with pytest.raises(ValueError, match="^w13_layout chunked needs the intermediate size \\(12\\)"):
+            triton_grouped_gemm1(a, w13_odd, *args, config=config, w13_layout=W13Layout.CHUNKED)
+
+
+def test_default_config_keeps_tma_where_fewer_stages_fit():
+    """default_config shrinks a TMA config to the device's shared memory before it falls back to pointer loads (which
+    need as much): fp32 prefill on an H200's 227 KB and fp16 on a 99 KB part keep TMA; K not 16-byte aligned does not."""
+    for dtype, smem in ((torch.float32, 232448), (torch.float16, 101376)):
+        problem = GroupedGemmProblem(GemmStage.GEMM1, 8, 1024, 2048, 8 * 512, dtype, smem_per_block=smem)
+        config = default_config(problem)
+        assert config.tile_load is TileLoad.TMA and can_implement(config, problem)[0], (dtype, config)
+    odd_k = GroupedGemmProblem(GemmStage.GEMM1, 8, 1024, 2052, 8 * 512, torch.float16)
+    assert default_config(odd_k).tile_load is TileLoad.POINTER
 
 
 # ---------------------------------------------------------------------------------------------- GPU tier
@@ -483,6 +500,26 @@ def test_moe_gemms_gpu(num_tokens, skew):
     scale = torch.rand(disp["max_rows"], device="cuda", generator=gen)
     out2, ref2, same2 = run_gemm2(disp, a2, w2, scale)
     check_close(out2, ref2, same2, mask, floor_for(dtype))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_default_configs_of_other_dtypes_gpu(dtype):
+    """fp16 and fp32 on the default configs of every bucket: fp32 prefill keeps TMA loads on the H200 since stop 55
+    (default_config shrinks a TMA config before it falls back to pointer loads)."""
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    num_experts, top_k, hidden_dim, inter = 16, 4, 512, 256
+    w13, w2, _, _ = _gpu_weights(num_experts, hidden_dim, inter, dtype, gen)
+    for num_tokens in (1, 24, 4096):
+        hidden = torch.randn(num_tokens, hidden_dim, device="cuda", generator=gen).to(dtype)
+        disp = make_dispatch(random_topk(num_tokens, num_experts, top_k, "cuda", generator=gen), num_experts)
+        mask = valid_mask(disp)
+        out1, ref1, same1 = run_gemm1(disp, hidden, w13, top_k, Activation.SWIGLU, use_a_rows=True)
+        check_close(out1, ref1, same1, mask, floor_for(dtype))
+        a2 = torch.where(mask[:, None], out1, torch.zeros((), dtype=dtype, device="cuda"))
+        out2, ref2, same2 = run_gemm2(disp, a2, w2, torch.rand(disp["max_rows"], device="cuda", generator=gen))
+        check_close(out2, ref2, same2, mask, floor_for(dtype))
 
 
 @pytest.mark.gpu

@@ -239,7 +239,7 @@ def test_default_config_and_can_implement():
     assert "not a power of two" in tk.can_implement(tk.TokenGemvConfig(1, 24, 64), p1)[1]
     assert "registers" in tk.can_implement(tk.TokenGemvConfig(8, 32, 256), p2)[1]
     odd = tk.TokenGemvProblem(GemmStage.GEMM1, 1, 2, 20, 64, torch.bfloat16, 132, W13Layout.CHUNKED)
-    assert "I % 8" in tk.can_implement(tk.TokenGemvConfig(1, 8, 64), odd)[1]
+    assert "intermediate size (20) a multiple of 8" in tk.can_implement(tk.TokenGemvConfig(1, 8, 64), odd)[1]
     qwen3_30b, deepseek, mixtral = (3 * h * i * 2 for h, i in ((2048, 768), (7168, 2048), (4096, 14336)))
     qwen3_235b = 3 * 4096 * 1536 * 2
     assert [tk.token_gemv_applies(t, qwen3_30b) for t in (0, 1, 8, 9)] == [False, True, True, False]
@@ -282,6 +282,16 @@ def test_argument_errors():
         tk.token_gemv2_combine(torch.zeros(4, 16), ids, w2, expert_map=torch.zeros(4))
     with pytest.raises(ValueError, match="^out: expected torch.float32 \\[2, 32\\]"):
         tk.token_gemv2_combine(torch.zeros(4, 16), ids, w2, out=torch.zeros(2, 16))
+    # out shares no memory with what the programs read, nor its rows with each other (programs store while others read)
+    with pytest.raises(ValueError, match="^out: expected memory of its own, got one that overlaps hidden"):
+        tk.token_gemv1(h, ids, w13, out=h.reshape(-1)[:64].view(4, 16))
+    a2 = torch.zeros(4, 32)
+    with pytest.raises(ValueError, match="^out: expected memory of its own, got one that overlaps a2"):
+        tk.token_gemv2_combine(a2.view(4, 2, 16)[:, 0], ids, w2, out=a2[:2])
+    with pytest.raises(ValueError, match="^out: expected rows of their own memory"):
+        tk.token_gemv1(h, ids, w13, out=torch.zeros(1, 16).expand(4, 16))
+    with pytest.raises(ValueError, match="^w13_layout chunked needs the intermediate size \\(12\\) a multiple of 8"):
+        tk.token_gemv1(torch.zeros(2, 32), ids, torch.zeros(4, 24, 32), w13_layout=W13Layout.CHUNKED)
 
 
 _COMPILE_SCRIPT = """
