@@ -278,13 +278,13 @@ def can_implement(config: Sm100GemmConfig, problem: Sm100Problem) -> tuple[bool,
         return False, f"SMEM {use.smem_bytes} B > {ARCH_LIMITS[Arch.SM100].smem_per_cta} B per CTA"
     if use.tmem_alloc_columns > ARCH_LIMITS[Arch.SM100].tmem_columns:
         return False, f"TMEM {use.tmem_columns} columns ({c.accumulator_slots} slots x {c.tile_n}) > 512"
-    if (use.tmem_alloc_columns > ARCH_LIMITS[Arch.SM100].tmem_columns // 2
-            and 2 * (use.smem_bytes + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM):
-        # two persistent CTAs would fit an SM by SMEM, each allocating more than half of its TMEM: the second waits
-        # in its allocation until the first ends (or worse); keep one CTA per SM
-        return False, (f"stages: {use.stages} stages leave {use.smem_bytes} B of SMEM, so two CTAs would share an SM, "
-                       f"each allocating {use.tmem_alloc_columns} of its 512 TMEM columns: use more stages (0: as "
-                       "many as fit)")
+    ctas_per_sm = SMEM_PER_SM // (use.smem_bytes + SMEM_RESERVED_PER_CTA)
+    if ctas_per_sm > 1 and ctas_per_sm * use.tmem_alloc_columns > ARCH_LIMITS[Arch.SM100].tmem_columns:
+        # the persistent CTAs that fit an SM by SMEM would together allocate more than its TMEM: a later one waits in
+        # its allocation until an earlier one ends (or worse); keep those that share an SM within its 512 columns
+        return False, (f"stages: {use.stages} stages leave {use.smem_bytes} B of SMEM, so {ctas_per_sm} CTAs would "
+                       f"share an SM, each allocating {use.tmem_alloc_columns} of its 512 TMEM columns: use more "
+                       "stages (0: as many as fit)")
     if c.accumulator_slots > 2:
         return False, f"accumulator_slots {c.accumulator_slots}: 1 or 2"
     if c.unit is WorkUnit.PAIR and c.pair_threshold > 0:  # the experts below the threshold run on the SINGLE twin
@@ -928,6 +928,9 @@ def kernel_from_key(key) -> tuple[Sm100GemmConfig, Sm100Problem]:
         problem = Sm100Problem(stage, key.n, key.k, key.num_experts, key.dtype, activation, has_bias, has_row_scale)
     except (KeyError, IndexError, ValueError, TypeError) as exc:
         raise ValueError(f"key: {key.file_stem()} is no {FAMILY} key ({exc})") from None
+    ok, reason = can_implement(config, problem)
+    if not ok:
+        raise ValueError(f"key: {key.file_stem()}: {reason}")
     if kernel_key(config, problem) != key:
         raise ValueError(f"key: {key.file_stem()} names no kernel this family builds (read back as "
                          f"{kernel_key(config, problem).file_stem()})")

@@ -401,7 +401,10 @@ def _reserved_bytes(config: Sm90GemmConfig) -> int:
         # decode: no SMEM epilogue; wide: a staging tile of wide_epilogue_rows tokens x (output columns + pad)
         epi = wide_epilogue_bytes(config.tile_m, config.tile_n) + 128 if config.wide else 0
         return BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES * 3 // 2 + 2 * 1024 + epi
-    epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES  # (FUSE_TAIL: 64 rows per warpgroup, two)
+    if config.consumers is Consumers.PINGPONG:  # each warpgroup its own epilogue buffers of 64 rows
+        epi = 2 * 64 * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES
+    else:  # the tile's rows (FUSE_TAIL: 64 rows per warpgroup, two)
+        epi = config.tile_m * EPILOGUE_TILE_N * 2 * EPILOGUE_SMEM_STAGES
     # + alignment padding of the three 1 KiB-aligned buffers
     return epi + BARRIER_RESERVE_BYTES + METADATA_RESERVE_BYTES + 3 * 1024
 

@@ -336,7 +336,7 @@ def default_config(
         wide = wide_default(problem, rows_per_expert, scheduler)
         if wide is not None:
             return wide
-        if swapped is not None:
+        if swapped is not None and scheduler is not Scheduler.DYNAMIC_SIDES:  # (the regular kernel's scheduler only)
             return dataclasses.replace(swapped, scheduler=scheduler or Scheduler.STATIC)
     return regular_config(problem, scheduler, work_unit, rows_per_expert)
 

@@ -286,5 +286,17 @@ def test_sm100_host_checks_from_the_kernel_audit():
         sm100.default_config(Sm100Problem(GemmStage.GEMM2, 24, 512, 8, "bfloat16"))
     deepseek_gemm2 = Sm100Problem(GemmStage.GEMM2, 7168, 2048, 256, "bfloat16", has_row_scale=True)
     ok, why = sm100.can_implement(Sm100GemmConfig(tile_n=256, stages=2), deepseek_gemm2)
-    assert not ok and "two CTAs would share an SM" in why
+    assert not ok and "2 CTAs would share an SM" in why
     assert sm100.can_implement(Sm100GemmConfig(tile_n=256), deepseek_gemm2) == (True, "")
+    # stop 55: three or four CTAs by SMEM, each at or under half the TMEM, are over it together
+    gemm2 = Sm100Problem(GemmStage.GEMM2, 4608, 4096, 64, "bfloat16", has_row_scale=True)
+    for unit, ctas in ((WorkUnit.SINGLE, 3), (WorkUnit.PAIR, 4)):
+        small = Sm100GemmConfig(unit=unit, tile_n=96, stages=2, accumulator_slots=2, epi_n=16, epi_buffers=1)
+        ok, why = sm100.can_implement(small, gemm2)
+        assert not ok and f"{ctas} CTAs would share an SM, each allocating 256 of its 512 TMEM columns" in why, why
+    # a key the family would not build (too many stages for SMEM, three accumulator slots) is not read back
+    key = sm100.kernel_key(Sm100GemmConfig(tile_n=256), deepseek_gemm2)
+    for name, value in (("stages", 30), ("acc", 3)):
+        extra = tuple((item[0], value, *item[2:]) if item[0] == name else item for item in key.extra)
+        with pytest.raises(ValueError, match=f"^key: .*: "):
+            sm100.kernel_from_key(dataclasses.replace(key, extra=extra))

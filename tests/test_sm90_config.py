@@ -219,6 +219,28 @@ def test_stage_count_fits_the_smem_budget():
         assert s90.smem_bytes(cfg, stages) <= 227 * 1024
 
 
+def test_pingpong_epilogue_buffers_are_counted_per_warpgroup():
+    """PINGPONG gives each of its two consumer warpgroups its own 64-row epilogue buffers: at tile_m 64 that is twice
+    what the tile's rows alone would say (a 64x96x32 tile at 21 stages compiles to 234,496 B, over the 227 KiB a CTA
+    may use, and was accepted at 229,384 B by the model before stop 55)."""
+    problem = s90.Sm90Problem(G2, 4096, 4096, 256, torch.bfloat16, None, False, True)
+    pingpong = s90.Sm90GemmConfig(tile_m=64, tile_n=96, tile_k=32, stages=21, consumers=s90.Consumers.PINGPONG,
+                                  scheduler=s90.Scheduler.STATIC)
+    cooperative = dataclasses.replace(pingpong, consumers=s90.Consumers.COOPERATIVE)
+    assert s90.smem_bytes(pingpong, 21) - s90.smem_bytes(cooperative, 21) == 64 * 32 * 2 * 2
+    ok, why = s90.can_implement(pingpong, problem)
+    assert not ok and "SMEM" in why, why
+    wide = dataclasses.replace(pingpong, tile_m=128, tile_n=128, stages=4)  # 128 rows: the same buffers either way
+    assert s90.smem_bytes(wide, 4) == s90.smem_bytes(dataclasses.replace(wide, consumers=s90.Consumers.COOPERATIVE), 4)
+
+
+def test_an_explicit_dynamic_sides_scheduler_at_decode_sizes_gets_the_regular_kernel():
+    problem = s90.Sm90Problem(G2, 4096, 1536, 128, torch.bfloat16, None, False, True)
+    config = s90.default_config(problem, s90.Scheduler.DYNAMIC_SIDES, rows_per_expert=8)
+    assert config.operands is s90.Operands.TOKENS_AS_M and config.scheduler is s90.Scheduler.DYNAMIC_SIDES
+    assert s90.can_implement(config, problem) == (True, "")
+
+
 def test_every_preset_has_configs():
     for preset in PRESETS.values():
         configs = s90.preset_configs(preset)
